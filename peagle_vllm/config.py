@@ -1,0 +1,101 @@
+"""PEagleOptions: the `p_eagle` fields of --speculative-config, validated with errors that name the
+field and the fix. Pure Python: the adapter calls it before vLLM ever sees the config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from peagle_vllm.head import HeadConfig
+
+METHOD = "p_eagle"
+MAX_K = 32
+VERIFY_MODES = ("auto", "standard", "block")
+# Keys that are ours; everything else in the dict is handed to vLLM's SpeculativeConfig.
+OWN_KEYS = ("verify",)
+# vLLM keys whose meaning conflicts with p_eagle (it sets them itself).
+REFUSED_KEYS = {
+    "parallel_drafting": "p_eagle always drafts in parallel; drop the key",
+    "draft_sample_method": "p_eagle samples its own drafts (and their probabilities); drop the key",
+    "rejection_sample_method": "p_eagle verifies with its own sampler; use 'verify' instead",
+    "disable_padded_drafter_batch": "p_eagle needs the padded drafter batch; drop the key",
+    "speculative_token_tree": "p_eagle drafts one chain, not a tree; drop the key",
+}
+
+
+class PEagleConfigError(ValueError):
+    """Bad `p_eagle` speculative config; the message names the field and the fix."""
+
+
+@dataclass(frozen=True)
+class PEagleOptions:
+    """What p_eagle needs beyond vLLM's own speculative fields."""
+
+    model: str
+    num_speculative_tokens: int | None
+    verify: str = "auto"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _field(name: str) -> str:
+    return f"speculative_config[{name!r}]"
+
+
+def split_p_eagle_config(user: dict[str, Any], known_vllm_keys: set[str] | None = None) -> tuple[PEagleOptions, dict]:
+    """Validates a user's p_eagle dict; returns our options and the dict to hand to vLLM (without
+    our keys and without `method`). `known_vllm_keys`, when given, turns unknown keys into errors."""
+    cfg = {k.replace("-", "_"): v for k, v in user.items()}
+    if cfg.get("method") != METHOD:
+        raise PEagleConfigError(f"{_field('method')} must be {METHOD!r} here, got {cfg.get('method')!r}")
+    model = cfg.get("model")
+    if not model:
+        raise PEagleConfigError(f"{_field('model')} is missing: p_eagle needs a trained draft head, e.g. "
+                                '{"method": "p_eagle", "model": "models/demo-peagle-depth", "num_speculative_tokens": 8}')
+    if not isinstance(model, str):
+        raise PEagleConfigError(f"{_field('model')} must be a path string, got {type(model).__name__}")
+    k = cfg.get("num_speculative_tokens")
+    if k is not None:
+        if isinstance(k, bool) or not isinstance(k, int):
+            raise PEagleConfigError(f"{_field('num_speculative_tokens')} must be an integer from 1 to {MAX_K}, "
+                                    f"got {k!r}")
+        if not 1 <= k <= MAX_K:
+            raise PEagleConfigError(f"{_field('num_speculative_tokens')} is {k}: p_eagle drafts 1 to {MAX_K} tokens "
+                                    "per step; pick a value in that range")
+    verify = cfg.get("verify", "auto")
+    if verify not in VERIFY_MODES:
+        raise PEagleConfigError(f"{_field('verify')} is {verify!r}: use one of {', '.join(VERIFY_MODES)} "
+                                "(temperature-0 requests are always verified by argmax; auto = standard token-wise for the others)")
+    for key, fix in REFUSED_KEYS.items():
+        if key in cfg:
+            raise PEagleConfigError(f"{_field(key)} cannot be used with p_eagle: {fix}")
+    passthrough = {key: v for key, v in cfg.items() if key not in OWN_KEYS and key != "method"}
+    if known_vllm_keys is not None:
+        unknown = sorted(set(passthrough) - known_vllm_keys)
+        if unknown:
+            raise PEagleConfigError(f"{_field(unknown[0])} is not a speculative-config field: p_eagle takes "
+                                    f"{', '.join(OWN_KEYS)} plus vLLM's own fields; check the spelling")
+    return PEagleOptions(model=model, num_speculative_tokens=k, verify=verify), passthrough
+
+
+def check_head_fits_target(head: HeadConfig, where: str, target_hidden_size: int, target_vocab_size: int,
+                           target_num_layers: int, k: int) -> None:
+    """Refuses a head trained for another target, or asked for more tokens than it has mask slots."""
+    if head.target_hidden_size != target_hidden_size:
+        raise PEagleConfigError(f"draft {where}: target_hidden_size {head.target_hidden_size} does not match the "
+                                f"target's hidden size {target_hidden_size}: the head was trained for another target")
+    if head.vocab_size != target_vocab_size:
+        raise PEagleConfigError(f"draft {where}: vocab_size {head.vocab_size} does not match the target's "
+                                f"vocabulary of {target_vocab_size}: the head was trained for another target/tokenizer")
+    ids = head.aux_layer_ids
+    if len(ids) != 3 or len(set(ids)) != 3 or any(not 0 <= i <= target_num_layers for i in ids):
+        raise PEagleConfigError(f"draft {where}: eagle_aux_hidden_state_layer_ids {ids} must be 3 distinct layer "
+                                f"ids in 0..{target_num_layers} of the target: the head was trained for another target")
+    if head.variant == "eagle3":
+        raise PEagleConfigError(f"draft {where} is a sequential EAGLE-3 head (no mask slots): use "
+                                '"method": "eagle3" for it, or a P-EAGLE head with p_eagle')
+    if head.variant == "depth" and k > head.trained_depth:
+        raise PEagleConfigError(f"{_field('num_speculative_tokens')} is {k} but draft {where} has depth-aware mask "
+                                f"slots for {head.trained_depth} tokens only: use at most {head.trained_depth}")

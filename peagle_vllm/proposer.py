@@ -1,0 +1,43 @@
+"""Turning the head's K output rows per request into drafts (plain torch; the vLLM glue that lays
+out the K slots and runs the ONE forward is `vllm_adapter/proposer.py`).
+
+Greedy requests draft the argmax (one-hot q). Sampled requests draft from q = softmax(logits / T)
+and keep q, so the verifier can accept with min(1, p/q) and stay lossless.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from peagle_vllm.verify import sample_rows
+
+
+def sample_drafts(logits: torch.Tensor, draft_to_target: torch.Tensor | None, temperature: torch.Tensor | None,
+                  generators: dict[int, torch.Generator] | None = None,
+                  target_vocab: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits [B, K, Vd] over the draft vocabulary -> (drafts [B, K] as target ids,
+    q [B, K, V] over the target vocabulary, or None when every request is greedy).
+
+    temperature [B] (None or all <= 0: all greedy); draft_to_target [Vd] maps draft ids to target ids
+    (None: identical vocabularies). generators maps a request row to its seeded generator."""
+    b, k, vd = logits.shape
+    greedy_ids = logits.argmax(-1)
+    if temperature is None or not bool((temperature > 0).any()):
+        ids, q = greedy_ids, None
+    else:
+        t = torch.where(temperature > 0, temperature, 1.0).float().view(b, 1, 1)
+        q_draft = (logits.float() / t).softmax(-1)
+        row_gens = {r * k + j: g for r, g in (generators or {}).items() for j in range(k)} if generators else None
+        sampled = sample_rows(q_draft.view(b * k, vd), row_gens).view(b, k)
+        is_greedy = (temperature <= 0).view(b, 1)
+        ids = torch.where(is_greedy, greedy_ids, sampled)
+        one_hot = torch.nn.functional.one_hot(greedy_ids, vd).to(q_draft.dtype)
+        q_draft = torch.where(is_greedy.unsqueeze(-1), one_hot, q_draft)
+        vocab = target_vocab or vd
+        q = q_draft.new_zeros(b, k, vocab)
+        index = (draft_to_target if draft_to_target is not None else torch.arange(vd, device=logits.device))
+        q[:, :, index] = q_draft
+    if draft_to_target is not None:
+        ids = draft_to_target[ids]
+    return ids, q
+

@@ -1,0 +1,187 @@
+"""Block rejection sampler for B requests x up to 32 drafts: greedy, lossless token-wise
+(Leviathan et al. 2023) and lossless block verification (Sun et al. 2024). Plain torch.
+
+Inputs are padded to [B, K]; row b has `num_draft[b]` real drafts (padding is never accepted).
+Target distributions are the *processed* ones (temperature, min-p, top-k, top-p applied by
+`target_probs`), so the emitted tokens follow exactly what plain sampling would draw. The bonus
+token (all drafts accepted) is supplied by the caller, sampled from the target's last row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PLACEHOLDER = -1
+
+
+@dataclass
+class VerifyResult:
+    tokens: torch.Tensor  # [B, K+1] int64, emitted tokens then PLACEHOLDER
+    num_accepted: torch.Tensor  # [B] accepted drafts (emitted = num_accepted + 1)
+    accepted: torch.Tensor  # [B, K] bool, draft i accepted (prefix only)
+
+
+def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None = None,
+                 top_p: torch.Tensor | None = None, min_p: torch.Tensor | None = None) -> torch.Tensor:
+    """Sampling distribution [N, V] (float32) from logits [N, V] and per-row parameters [N], in vLLM's
+    order: temperature, min-p, then top-k and top-p. Rows with temperature 0 get temperature 1
+    (greedy rows never read their probabilities). top_k <= 0 and top_p >= 1 mean off."""
+    logits = logits.float() / torch.where(temperature > 0, temperature, 1.0).float().unsqueeze(-1)
+    if min_p is not None and bool((min_p > 0).any()):
+        probs = logits.softmax(-1)
+        too_small = probs < probs.amax(-1, keepdim=True) * min_p.float().unsqueeze(-1)
+        logits = logits.masked_fill(too_small, float("-inf"))
+    use_k = top_k is not None and bool(((top_k > 0) & (top_k < logits.shape[-1])).any())
+    use_p = top_p is not None and bool((top_p < 1).any())
+    if use_k or use_p:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
+        ranks = torch.arange(logits.shape[-1], device=logits.device)
+        if use_k:
+            k = torch.where(top_k > 0, top_k, logits.shape[-1]).unsqueeze(-1)
+            remove |= ranks >= k
+        if use_p:
+            sorted_probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(-1)
+            mass_before = sorted_probs.cumsum(-1) - sorted_probs
+            remove |= (mass_before >= top_p.float().unsqueeze(-1)) & (ranks > 0)
+        logits = logits.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
+    return logits.softmax(-1)
+
+
+def _assemble(drafts: torch.Tensor, num_accepted: torch.Tensor, last: torch.Tensor) -> VerifyResult:
+    b, k = drafts.shape
+    cols = torch.arange(k + 1, device=drafts.device)
+    tokens = torch.cat([drafts.long(), torch.zeros(b, 1, dtype=torch.long, device=drafts.device)], dim=1)
+    tokens = torch.where(cols < num_accepted.unsqueeze(1), tokens, PLACEHOLDER)
+    tokens.scatter_(1, num_accepted.unsqueeze(1), last.long().unsqueeze(1))
+    accepted = cols[:k] < num_accepted.unsqueeze(1)
+    return VerifyResult(tokens, num_accepted, accepted)
+
+
+def _valid(num_draft: torch.Tensor, k: int) -> torch.Tensor:
+    return torch.arange(k, device=num_draft.device) < num_draft.unsqueeze(1)
+
+
+def _prefix_len(ok: torch.Tensor) -> torch.Tensor:
+    """Length of the leading run of True in each row of [B, K]."""
+    return ok.long().cumprod(dim=1).sum(dim=1)
+
+
+def verify_greedy(drafts: torch.Tensor, num_draft: torch.Tensor, target_argmax: torch.Tensor,
+                  bonus: torch.Tensor) -> VerifyResult:
+    """Longest prefix equal to the target's argmax, then the target's token (argmax or bonus)."""
+    k = drafts.shape[1]
+    n = _prefix_len((drafts == target_argmax) & _valid(num_draft, k))
+    at = target_argmax.gather(1, n.clamp(max=k - 1).unsqueeze(1)).squeeze(1) if k else bonus
+    return _assemble(drafts, n, torch.where(n == num_draft, bonus, at))
+
+
+def _draft_prob_of(drafts: torch.Tensor, draft_probs: torch.Tensor | None) -> torch.Tensor:
+    if draft_probs is None:
+        return torch.ones(drafts.shape, dtype=torch.float32, device=drafts.device)
+    return draft_probs.gather(2, drafts.long().unsqueeze(2)).squeeze(2).float()
+
+
+def _draft_dist(drafts: torch.Tensor, draft_probs: torch.Tensor | None, vocab: int) -> torch.Tensor:
+    if draft_probs is not None:
+        return draft_probs.float()
+    return torch.nn.functional.one_hot(drafts.long(), vocab).float()
+
+
+def sample_rows(weights: torch.Tensor, generators: dict[int, torch.Generator] | None = None) -> torch.Tensor:
+    """One draw per row of unnormalised non-negative weights [B, V] (Gumbel-max with Exp noise);
+    rows listed in `generators` draw their noise from their own generator (seeded requests)."""
+    noise = torch.empty_like(weights, dtype=torch.float32).exponential_()
+    for row, gen in (generators or {}).items():
+        if row < weights.shape[0]:
+            noise[row].exponential_(generator=gen)
+    return (weights.float() / noise).argmax(-1)
+
+
+def _uniforms(shape: tuple[int, int], device: torch.device, generators: dict[int, torch.Generator] | None) -> torch.Tensor:
+    u = torch.rand(shape, dtype=torch.float64, device=device)
+    for row, gen in (generators or {}).items():
+        if row < shape[0]:
+            u[row] = torch.rand(shape[1], dtype=torch.float64, generator=gen, device=device)
+    return u
+
+
+def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """max(p - q, 0), falling back to p where that is all zero (p == q up to rounding)."""
+    r = (p - q).clamp_min(0)
+    empty = r.sum(-1, keepdim=True) <= 0
+    return torch.where(empty, p, r)
+
+
+def verify_standard(drafts: torch.Tensor, num_draft: torch.Tensor, draft_probs: torch.Tensor | None,
+                    probs: torch.Tensor, bonus: torch.Tensor,
+                    generators: dict[int, torch.Generator] | None = None) -> VerifyResult:
+    """Token-wise speculative sampling: accept draft i with min(1, p/q); on the first rejection
+    draw from normalised max(p - q, 0). draft_probs None = one-hot drafts. probs [B, K, V]."""
+    b, k = drafts.shape
+    if k == 0:
+        return _assemble(drafts, torch.zeros(b, dtype=torch.long, device=drafts.device), bonus)
+    p_x = probs.gather(2, drafts.long().unsqueeze(2)).squeeze(2)
+    q_x = _draft_prob_of(drafts, draft_probs)
+    u = _uniforms((b, k), drafts.device, generators)
+    n = _prefix_len((u * q_x <= p_x) & (p_x > 0) & _valid(num_draft, k))
+    j = n.clamp(max=k - 1)
+    p_j = probs[torch.arange(b), j]
+    q_j = _draft_dist(drafts, draft_probs, probs.shape[-1])[torch.arange(b), j]
+    recovered = sample_rows(_residual(p_j, q_j), generators)
+    return _assemble(drafts, n, torch.where(n == num_draft, bonus, recovered))
+
+
+def verify_block(drafts: torch.Tensor, num_draft: torch.Tensor, draft_probs: torch.Tensor | None,
+                 probs: torch.Tensor, bonus: torch.Tensor,
+                 generators: dict[int, torch.Generator] | None = None) -> VerifyResult:
+    """Block verification (Sun et al., 2024): decides the accepted length from the whole block's
+    likelihood ratios, lossless and accepting at least as much as token-wise in expectation."""
+    b, k = drafts.shape
+    dev = drafts.device
+    if k == 0:
+        return _assemble(drafts, torch.zeros(b, dtype=torch.long, device=dev), bonus)
+    q = _draft_dist(drafts, draft_probs, probs.shape[-1])
+    ratio = probs.gather(2, drafts.long().unsqueeze(2)).squeeze(2) / _draft_prob_of(drafts, draft_probs).clamp_min(1e-30)
+    gamma = num_draft.long()
+    rows = torch.arange(b, device=dev)
+    weight = torch.ones(b, dtype=torch.float64, device=dev)  # p_{i-1}, starting at p_0 = 1
+    weights = [weight]
+    h = torch.zeros(b, k, dtype=torch.float64, device=dev)
+    for i in range(1, k + 1):  # 1-based draft index, as in the paper
+        weight = torch.clamp(weights[-1] * ratio[:, i - 1].double(), max=1.0)
+        weights.append(weight)
+        if i < k:
+            nxt = (weight.unsqueeze(1) * probs[:, i].double() - q[:, i].double()).clamp_min(0).sum(-1)
+            denom = nxt + 1.0 - weight
+            h_i = torch.where(denom > 0, nxt / denom.clamp_min(1e-300), torch.ones_like(weight))
+        else:
+            h_i = weight
+        h[:, i - 1] = torch.where(i == gamma, weight, h_i)
+    eta = _uniforms((b, k), dev, generators)
+    idx = torch.arange(1, k + 1, device=dev)
+    hit = (eta <= h) & (idx <= gamma.unsqueeze(1))
+    tau = torch.where(hit, idx, 0).amax(dim=1)
+    w_tau = torch.stack(weights, dim=1)[rows, tau].float()
+    t_pos = tau.clamp(max=k - 1)
+    residual = _residual(w_tau.unsqueeze(1) * probs[rows, t_pos], q[rows, t_pos])
+    recovered = sample_rows(residual, generators)
+    return _assemble(drafts, tau, torch.where(tau == gamma, bonus, recovered))
+
+
+def verify(mode: str, drafts: torch.Tensor, num_draft: torch.Tensor, draft_probs: torch.Tensor | None,
+           probs: torch.Tensor, target_argmax: torch.Tensor, bonus: torch.Tensor, is_greedy: torch.Tensor,
+           generators: dict[int, torch.Generator] | None = None) -> VerifyResult:
+    """Mixed batch: temperature-0 rows by argmax match, the others by `mode` ("block", or token-wise
+    for "standard"/"auto"), so the verification is always chosen by each request's temperature."""
+    greedy = verify_greedy(drafts, num_draft, target_argmax, bonus)
+    if bool(is_greedy.all()):
+        return greedy
+    sampler = verify_block if mode == "block" else verify_standard
+    sampled = sampler(drafts, num_draft, draft_probs, probs, bonus, generators)
+    pick = is_greedy.unsqueeze(1)
+    return VerifyResult(torch.where(pick, greedy.tokens, sampled.tokens),
+                        torch.where(is_greedy, greedy.num_accepted, sampled.num_accepted),
+                        torch.where(pick, greedy.accepted, sampled.accepted))

@@ -1,0 +1,25 @@
+"""The only code that touches vLLM internals. `install()` checks the vLLM version, registers the
+draft architecture and applies each patch once (a second call is a no-op)."""
+
+from __future__ import annotations
+
+from peagle_vllm.vllm_adapter.version import check_vllm_version
+
+_installed = False
+
+
+def install() -> None:
+    global _installed
+    if _installed:
+        return
+    check_vllm_version()
+    from vllm import ModelRegistry
+
+    from peagle_vllm.vllm_adapter import config_hook, runner_hook
+    from peagle_vllm.vllm_adapter.draft_model import ARCHITECTURE
+
+    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
+        ModelRegistry.register_model(ARCHITECTURE, "peagle_vllm.vllm_adapter.draft_model:PEagleDraftModel")
+    config_hook.patch()
+    runner_hook.patch()
+    _installed = True

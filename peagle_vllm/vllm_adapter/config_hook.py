@@ -1,0 +1,109 @@
+"""Front-end hook on `vllm.engine.arg_utils.EngineArgs.create_speculative_config`.
+
+A `{"method": "p_eagle", ...}` dict is validated (clear errors naming the field), translated to
+vLLM's `eagle3` + `parallel_drafting` so the scheduler reserves K lookahead slots and the target
+emits its auxiliary hidden states, and the resulting draft config is marked: its architecture
+becomes ours and `hf_config.peagle` carries the head config and our options. The mark survives
+pickling into the engine-core and worker processes, where `runner_hook` reads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+from peagle_vllm.checkpoint import CheckpointError, read_head_config, read_tensors, validate_weights
+from peagle_vllm.config import METHOD, PEagleConfigError, check_head_fits_target, split_p_eagle_config
+
+MARK = "peagle"
+
+
+def is_marked(speculative_config) -> bool:
+    """True when this SpeculativeConfig was made from a p_eagle request."""
+    draft = getattr(speculative_config, "draft_model_config", None)
+    return draft is not None and isinstance(getattr(draft.hf_config, MARK, None), dict)
+
+
+def mark_of(speculative_config) -> dict:
+    return getattr(speculative_config.draft_model_config.hf_config, MARK)
+
+
+def _vllm_spec_keys() -> set[str]:
+    from vllm.config.speculative import SpeculativeConfig
+
+    return {f.name for f in dataclasses.fields(SpeculativeConfig) if f.init}
+
+
+def _target_facts(target_model_config) -> tuple[int, int, int]:
+    return (target_model_config.get_hidden_size(), target_model_config.get_vocab_size(),
+            target_model_config.get_total_num_hidden_layers())
+
+
+def prepare(user_config: dict, target_model_config) -> tuple[dict, dict]:
+    """Validates a p_eagle dict against the draft checkpoint and the target; returns the dict
+    to hand to vLLM and the mark to attach to the draft config."""
+    options, passthrough = split_p_eagle_config(user_config, _vllm_spec_keys())
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1":
+        raise PEagleConfigError("p_eagle runs on vLLM's V1 model runner, which its hooks patch: unset "
+                                "VLLM_USE_V2_MODEL_RUNNER")
+    path = os.path.abspath(os.path.expanduser(options.model))
+    head = read_head_config(path)
+    validate_weights(head, read_tensors(path, ("mask_hidden", "d2t")), path)
+    k = options.num_speculative_tokens or head.trained_depth
+    hidden, vocab, layers = _target_facts(target_model_config)
+    check_head_fits_target(head, path, hidden, vocab, layers, k)
+    for_vllm = {**passthrough, "model": path, "method": "eagle3", "parallel_drafting": True,
+                "num_speculative_tokens": k}
+    mark = {"options": {**options.to_dict(), "model": path, "num_speculative_tokens": k}, "head": head.to_dict()}
+    return for_vllm, mark
+
+
+def _refuse_depth_head_in_builtin(user_config: dict) -> None:
+    """vLLM's own parallel drafting has one shared mask slot; a depth-aware head would load wrongly."""
+    model = user_config.get("model")
+    if not (user_config.get("parallel_drafting") and isinstance(model, str) and os.path.isdir(model)):
+        return
+    try:
+        head = read_head_config(model)
+    except CheckpointError:
+        return
+    if head.variant == "depth":
+        raise PEagleConfigError(f"draft {model} is a depth-aware P-EAGLE head (one mask slot per depth): only "
+                                '"method": "p_eagle" runs it; vLLM\'s built-in parallel drafting needs a "standard" head')
+
+
+def _wrap(original):
+    @functools.wraps(original)
+    def create_speculative_config(self, target_model_config, target_parallel_config):
+        user = self.speculative_config
+        if not (isinstance(user, dict) and user.get("method") == METHOD):
+            if isinstance(user, dict):
+                _refuse_depth_head_in_builtin(user)
+            return original(self, target_model_config, target_parallel_config)
+        for_vllm, mark = prepare(user, target_model_config)
+        self.speculative_config = for_vllm
+        try:
+            spec = original(self, target_model_config, target_parallel_config)
+        finally:
+            self.speculative_config = user
+        from peagle_vllm.vllm_adapter.draft_model import ARCHITECTURE
+
+        hf = spec.draft_model_config.hf_config
+        setattr(hf, MARK, mark)
+        hf.architectures = [ARCHITECTURE]
+        hf.eagle_aux_hidden_state_layer_ids = list(mark["head"]["aux_layer_ids"])
+        spec.update_arch_()
+        return spec
+
+    create_speculative_config.__peagle_patched__ = True
+    return create_speculative_config
+
+
+def patch() -> None:
+    """Wraps EngineArgs.create_speculative_config (vllm/engine/arg_utils.py) once."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    if getattr(EngineArgs.create_speculative_config, "__peagle_patched__", False):
+        return
+    EngineArgs.create_speculative_config = _wrap(EngineArgs.create_speculative_config)

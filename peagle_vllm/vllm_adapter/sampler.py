@@ -1,0 +1,84 @@
+"""PEagleRejectionSampler: vLLM's RejectionSampler interface (`forward(metadata, draft_probs,
+logits, sampling_metadata) -> SamplerOutput`) with our verification (`peagle_vllm.verify`).
+
+Kept from vLLM: the bonus token from vLLM's own Sampler (so it honours every sampling option and
+seed exactly as plain decoding does), penalties/bad-words/min-tokens on the draft rows, logprobs
+and the output layout. Ours: the processed target distribution (temperature, min-p, top-k, top-p,
+in plain torch: no crash on CPU) and greedy/token-wise/block acceptance, lossless on CPU and GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from vllm.v1.outputs import SamplerOutput
+from vllm.v1.sample.logits_processor.builtin import MinPLogitsProcessor
+from vllm.v1.sample.rejection_sampler import RejectionSampler
+
+from peagle_vllm.verify import VerifyResult, target_probs, verify
+
+
+def _min_p(sampling_metadata) -> torch.Tensor | None:
+    for proc in sampling_metadata.logitsprocs.argmax_invariant:
+        if isinstance(proc, MinPLogitsProcessor) and proc.min_p_count:
+            return proc.min_p.view(-1)
+    return None
+
+
+def _pad(flat: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, fill=0) -> torch.Tensor:
+    """Rows of a flat [num_tokens, ...] tensor gathered into [B, K, ...] (invalid slots = fill)."""
+    out = flat[index.clamp(max=max(flat.shape[0] - 1, 0))]
+    mask = valid.view(*valid.shape, *([1] * (out.dim() - 2)))
+    return torch.where(mask, out, torch.as_tensor(fill, dtype=out.dtype, device=out.device))
+
+
+class PEagleRejectionSampler(RejectionSampler):
+    def __init__(self, sampler, spec_config, device, verify_mode: str = "auto") -> None:
+        super().__init__(sampler, spec_config, device)
+        self.verify_mode = verify_mode
+        self.last_result: VerifyResult | None = None
+
+    def forward(self, metadata, draft_probs, logits, sampling_metadata) -> SamplerOutput:
+        b = len(metadata.num_draft_tokens)
+        k = metadata.max_spec_len
+        dev = logits.device
+        bonus_out = self.sampler(
+            logits=logits[metadata.bonus_logits_indices],
+            sampling_metadata=replace(sampling_metadata, max_num_logprobs=-1),
+            predict_bonus_token=True,
+            logprobs_mode_override="processed_logits" if self.is_processed_logprobs_mode else "raw_logits")
+        bonus = bonus_out.sampled_token_ids.view(-1).long()
+        raw = logits[metadata.target_logits_indices].to(torch.float32)
+        processed = self.apply_logits_processors(raw if self.is_processed_logprobs_mode else raw.clone(),
+                                                 sampling_metadata, metadata)
+        # [B, K] layout of the flat draft rows.
+        num_draft = torch.tensor(metadata.num_draft_tokens, device=dev)
+        starts = metadata.cu_num_draft_tokens.long() - num_draft
+        cols = torch.arange(k, device=dev)
+        index = starts.unsqueeze(1) + cols
+        valid = cols < num_draft.unsqueeze(1)
+        drafts = _pad(metadata.draft_token_ids.long(), index, valid, fill=-1)
+        argmax = _pad(processed.argmax(-1), index, valid)
+        if sampling_metadata.all_greedy:
+            is_greedy = torch.ones(b, dtype=torch.bool, device=dev)
+            probs = q = None
+        else:
+            temp = sampling_metadata.temperature
+            is_greedy = temp <= 0
+            per_row = lambda x: None if x is None else x.repeat_interleave(num_draft, output_size=processed.shape[0])
+            probs = _pad(target_probs(processed, per_row(temp), per_row(sampling_metadata.top_k),
+                                      per_row(sampling_metadata.top_p), per_row(_min_p(sampling_metadata))),
+                         index, valid)
+            q = None if draft_probs is None else _pad(draft_probs, index, valid)
+        result = verify(self.verify_mode, drafts, num_draft, q, probs, argmax, bonus, is_greedy,
+                        sampling_metadata.generators)
+        self.last_result = result
+        output = result.tokens.to(torch.int32)
+        logprobs = None
+        if sampling_metadata.max_num_logprobs is not None:
+            logprobs = self._get_logprobs_tensors(
+                sampling_metadata.max_num_logprobs, metadata, logits,
+                processed if self.is_processed_logprobs_mode else raw,
+                bonus_out.logprobs_tensors.logprobs, output)
+        return SamplerOutput(sampled_token_ids=output, logprobs_tensors=logprobs)
