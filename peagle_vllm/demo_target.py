@@ -36,7 +36,7 @@ class TargetRecipe:
     max_position_embeddings: int = 2048
     seq_len: int = 256
     batch_size: int = 16
-    steps: int = 3000
+    steps: int = 2000
     lr: float = 2e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 20

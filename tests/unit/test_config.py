@@ -1,0 +1,61 @@
+"""The p_eagle speculative config: every bad value gets one error naming the field and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from peagle_vllm.config import PEagleConfigError, check_head_fits_target, split_p_eagle_config
+from peagle_vllm.head import HeadConfig
+
+GOOD = {"method": "p_eagle", "model": "/heads/x", "num_speculative_tokens": 8}
+
+
+def test_valid_config_splits_ours_from_vllms() -> None:
+    opts, rest = split_p_eagle_config({**GOOD, "verify": "block", "draft_tensor_parallel_size": 1},
+                                      {"model", "num_speculative_tokens", "draft_tensor_parallel_size"})
+    assert opts.verify == "block" and opts.num_speculative_tokens == 8
+    assert rest == {"model": "/heads/x", "num_speculative_tokens": 8, "draft_tensor_parallel_size": 1}
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"model": None}, "model"),
+    ({"num_speculative_tokens": 0}, "num_speculative_tokens"),
+    ({"num_speculative_tokens": 33}, "num_speculative_tokens"),
+    ({"num_speculative_tokens": "8"}, "num_speculative_tokens"),
+    ({"num_speculative_tokens": True}, "num_speculative_tokens"),
+    ({"model": 5}, "model"),
+    ({"verify": "greedyish"}, "verify"),
+    ({"parallel_drafting": True}, "parallel_drafting"),
+    ({"rejection_sample_method": "standard"}, "rejection_sample_method"),
+    ({"num_speculative_tokenz": 4}, "num_speculative_tokenz"),
+])
+def test_bad_values_name_the_field(change: dict, field: str) -> None:
+    cfg = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
+    with pytest.raises(PEagleConfigError) as err:
+        split_p_eagle_config(cfg, {"model", "num_speculative_tokens"})
+    message = str(err.value)
+    assert f"speculative_config['{field}']" in message and "\n" not in message
+
+
+def head(**kw) -> HeadConfig:
+    base = dict(hidden_size=256, vocab_size=4096, draft_vocab_size=2048, intermediate_size=1024,
+                num_attention_heads=4, num_key_value_heads=4, aux_layer_ids=[1, 2, 3], mask_token_id=1,
+                variant="depth", trained_depth=16)
+    return HeadConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("cfg,k,match", [
+    (head(hidden_size=128), 8, "hidden size"),
+    (head(vocab_size=5000), 8, "vocabulary"),
+    (head(aux_layer_ids=[1, 2, 9]), 8, "eagle_aux_hidden_state_layer_ids"),
+    (head(aux_layer_ids=[1, 1, 2]), 8, "eagle_aux_hidden_state_layer_ids"),
+    (head(variant="eagle3"), 8, "sequential EAGLE-3"),
+    (head(), 17, "at most 16"),
+])
+def test_head_that_does_not_fit_the_target_is_refused(cfg: HeadConfig, k: int, match: str) -> None:
+    with pytest.raises(PEagleConfigError, match=match):
+        check_head_fits_target(cfg, "/heads/x", target_hidden_size=256, target_vocab_size=4096, target_num_layers=4, k=k)
+
+
+def test_standard_head_may_draft_past_its_trained_depth() -> None:
+    check_head_fits_target(head(variant="standard", trained_depth=8), "/h", 256, 4096, 4, k=32)

@@ -1,0 +1,63 @@
+"""Trainer pieces on tensors (COD counts, attention mask, loss) and a short real training run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from peagle_vllm.train.layout import build_layout, keep_fraction
+from peagle_vllm.train.objective import kl_to_target
+
+
+def test_cod_keeps_the_right_fraction_per_depth_and_nests() -> None:
+    t, k = 2001, 8
+    layout = build_layout(t, k, r=0.7, r_min=0.2, generator=torch.Generator().manual_seed(0))
+    anchors = {d: set(layout.anchor[layout.depth == d].tolist()) for d in range(k)}
+    assert len(anchors[0]) == t - 1
+    for d in range(1, k):
+        eligible = t - 1 - d
+        assert abs(len(anchors[d]) / eligible - keep_fraction(d, 0.7, 0.2)) < 0.05
+        assert anchors[d] <= anchors[d - 1]  # a kept slot has all shallower slots of its anchor
+
+
+def test_attention_sees_context_and_earlier_depths_of_own_anchor_only() -> None:
+    layout = build_layout(12, 4, r=1.0, r_min=1.0)
+    slot = {(a, d): i for i, (a, d) in enumerate(zip(layout.anchor.tolist(), layout.depth.tolist()))}
+    for (a, d), q in slot.items():
+        for (a2, d2), key in slot.items():
+            expected = (d2 == 0 and a2 <= a) or (d > 0 and d2 > 0 and a2 == a and d2 <= d)
+            assert bool(layout.attend[q, key]) == expected, ((a, d), (a2, d2))
+    assert torch.equal(layout.positions, layout.anchor + layout.depth)
+
+
+def test_loss_is_zero_when_draft_equals_target_and_positive_otherwise() -> None:
+    torch.manual_seed(0)
+    target = torch.randn(5, 50)
+    vocab = torch.arange(0, 50, 2)
+    assert kl_to_target(target[:, vocab], target, vocab).abs().max() < 1e-5
+    assert (kl_to_target(torch.randn(5, 25), target, vocab) > 0).all()
+
+
+def test_short_training_lowers_loss_and_raises_depth1_accuracy(tiny, tmp_path: Path) -> None:
+    from tiny_models import TEXT
+
+    from peagle_vllm.train.trainer import TrainRecipe, train
+
+    data = tmp_path / "data.txt"
+    data.write_text(TEXT)
+    recipe = TrainRecipe(target=str(tiny["target"]), data=str(data), out=str(tmp_path / "run"), k=4,
+                         variant="depth", steps=60, batch_size=4, seq_len=48, lr=3e-3, draft_vocab=256,
+                         self_distill=False, checkpoint_every=30)
+    torch.set_num_threads(1)
+    train(recipe)
+    history = json.loads((tmp_path / "run" / "train_log.json").read_text())["history"]
+    first, last = history[:5], history[-5:]
+    mean = lambda rows, f: sum(f(r) for r in rows) / len(rows)
+    assert mean(last, lambda r: r["loss"]) < 0.7 * mean(first, lambda r: r["loss"])
+    assert mean(last, lambda r: r["accuracy"]["0"]) > mean(first, lambda r: r["accuracy"]["0"]) + 0.05
+    assert (tmp_path / "run" / "loss.png").stat().st_size > 0
+    with pytest.raises(FileExistsError):
+        train(recipe)  # never overwrites a run it is not resuming
