@@ -234,6 +234,8 @@ def save_head(head: PEagleHead, out_dir: str | os.PathLike, verifier: str, dtype
     for name, value in head.state_dict().items():
         value = value.detach().cpu()
         tensors[name] = value.to(dtype) if value.is_floating_point() else value
+    if head.cfg.draft_vocab_size == head.cfg.vocab_size and not tensors["d2t"].any():
+        del tensors["d2t"], tensors["t2d"]  # identity map: vLLM's EAGLE-3 loader refuses a d2t it does not need
     if "mask_hidden" in tensors and head.cfg.variant == "standard":
         tensors["mask_hidden"] = tensors["mask_hidden"].reshape(1, 1, -1)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / WEIGHTS_FILE))

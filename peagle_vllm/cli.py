@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -129,6 +128,19 @@ def cmd_train(args: argparse.Namespace) -> None:
     print(json.dumps({"out": str(Path(args.out).resolve() / "head"), "final": last}))
 
 
+def cmd_bench(args: argparse.Namespace) -> None:
+    from peagle_vllm.bench import markdown_table, run_bench
+
+    quick = args.quick
+    ks = args.k or ([8, 32] if quick else [1, 2, 4, 8, 16, 32])
+    concurrencies = args.concurrency or ([1, 16] if quick else [1, 4, 16, 64])
+    temperatures = args.temperature or ([0.0] if quick else [0.0, 1.0])
+    rows = run_bench(Path(args.models), Path(args.out), ks, concurrencies, temperatures,
+                     args.max_tokens or (64 if quick else 128), args.modes)
+    print(markdown_table(rows))
+    print(f"written: {args.out}/bench.md, bench.json, speedup_vs_k.png, per_position_acceptance.png")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="peagle-vllm", description="P-EAGLE parallel speculative decoding for vLLM")
     sub = p.add_subparsers(dest="command", required=True)
@@ -158,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train a P-EAGLE (or EAGLE-3) head for a target")
     t.add_argument("--target", required=True, help="Hugging Face causal LM directory")
-    t.add_argument("--data", required=True, help=".txt, .jsonl (text/prompt) or a directory of .txt/.py")
+    t.add_argument("--data", required=True, help=".txt, .jsonl (text/prompt), a directory of .txt/.py, or a .npy token stream")
     t.add_argument("--out", required=True)
     t.add_argument("--k", type=int, default=8, help="trained depth, up to 32")
     t.add_argument("--variant", choices=["standard", "depth", "eagle3"], default="depth")
@@ -173,6 +185,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     t.add_argument("--resume", action="store_true")
     t.set_defaults(func=cmd_train)
+
+    b = sub.add_parser("bench", help="no-spec vs vLLM eagle3 vs vLLM parallel drafting vs p_eagle, side by side")
+    b.add_argument("--quick", action="store_true", help="K 8,32; concurrency 1,16; greedy (a few minutes)")
+    b.add_argument("--models", default=str(REPO / "models"))
+    b.add_argument("--out", default="bench-results")
+    b.add_argument("--k", type=int, nargs="*")
+    b.add_argument("--concurrency", type=int, nargs="*")
+    b.add_argument("--temperature", type=float, nargs="*")
+    b.add_argument("--max-tokens", type=int)
+    b.add_argument("--modes", nargs="*", help="subset of: no-spec vllm-eagle3 vllm-parallel p_eagle-standard p_eagle-depth")
+    b.set_defaults(func=cmd_bench)
 
     sub.add_parser("serve", help="vLLM's OpenAI server with the plugin: peagle-vllm serve TARGET [vllm flags]",
                    add_help=False)

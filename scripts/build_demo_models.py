@@ -1,7 +1,7 @@
 """Build the demo models from scratch on this CPU: the target (tokenizer + small Llama) and the heads.
 
     python scripts/build_demo_models.py --stage target   # about 70 min on 2 cores
-    python scripts/build_demo_models.py --stage heads    # P-EAGLE heads (see peagle-vllm train)
+    python scripts/build_demo_models.py --stage heads    # three heads, about 15 min each
 
 Deterministic from --seed. Results go to models/ (shipped in the repository); caches and resumable
 checkpoints to --work (default .cache/demo-build), so a killed build continues where it stopped.
@@ -27,6 +27,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target-steps", type=int, default=TargetRecipe.steps)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--heads", nargs="*", help="only these heads (default: all)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.stage in ("target", "all"):
@@ -36,7 +37,7 @@ def main() -> None:
     if args.stage in ("heads", "all"):
         from peagle_vllm.train.demo_heads import build_demo_heads
 
-        build_demo_heads(args.models, args.work, seed=args.seed)
+        build_demo_heads(args.models, args.work, seed=args.seed, only=args.heads)
 
 
 if __name__ == "__main__":

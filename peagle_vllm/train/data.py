@@ -10,6 +10,13 @@ import numpy as np
 import torch
 
 
+def load_token_stream(tokenizer, path: str | Path) -> np.ndarray:
+    """Token ids of the training data: a pre-tokenised .npy stream, or text read by `read_texts`."""
+    if Path(path).suffix == ".npy":
+        return np.load(path).astype(np.int64)
+    return token_stream(tokenizer, read_texts(path))
+
+
 def read_texts(path: str | Path) -> list[str]:
     """A .txt file (one text), a directory of .txt/.py files, or .jsonl with "text" or "prompt" keys."""
     path = Path(path)

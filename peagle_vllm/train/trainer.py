@@ -15,7 +15,7 @@ import torch
 
 from peagle_vllm.checkpoint import save_head
 from peagle_vllm.head import HeadConfig, PEagleHead
-from peagle_vllm.train.data import WindowSampler, capture, read_texts, self_distill, token_stream
+from peagle_vllm.train.data import WindowSampler, capture, load_token_stream, self_distill
 from peagle_vllm.train.layout import SlotLayout, build_layout
 from peagle_vllm.train.objective import draft_vocabulary, kl_to_target
 
@@ -134,7 +134,7 @@ def train(recipe: TrainRecipe, resume: bool = False, log=print) -> dict:
     target = AutoModelForCausalLM.from_pretrained(recipe.target, torch_dtype=torch.float32).to(dev).eval()
     aux = recipe.aux_layer_ids or default_aux_layers(target.config.num_hidden_layers)
     recipe.aux_layer_ids = aux
-    stream = token_stream(tokenizer, read_texts(recipe.data))
+    stream = load_token_stream(tokenizer, recipe.data)
     rng = np.random.default_rng(recipe.seed)
     counts = torch.bincount(torch.from_numpy(stream), minlength=target.config.vocab_size)
     vocab = draft_vocabulary(counts, recipe.draft_vocab, always=[tokenizer.eos_token_id]).to(dev)

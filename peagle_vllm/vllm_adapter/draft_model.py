@@ -104,6 +104,7 @@ class PEagleDraftModel(nn.Module):
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long), persistent=False)
         self.register_buffer("mask_hidden", torch.zeros(max(1, cfg.num_mask_slots), cfg.target_hidden_size * cfg.num_aux),
                              persistent=False)
+        self.num_forwards = 0  # counted so tests can hold the proposer to one forward per step
 
     @property
     def draft_to_target(self) -> torch.Tensor | None:
@@ -128,6 +129,7 @@ class PEagleDraftModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor,
                 inputs_embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        self.num_forwards += 1
         embeds = inputs_embeds if inputs_embeds is not None else self.model.embed_tokens(input_ids)
         hidden, residual = hidden_states, None
         for layer in self.model.layers:

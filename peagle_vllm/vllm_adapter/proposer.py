@@ -24,9 +24,10 @@ class PEagleProposer(EagleProposer):
     def __init__(self, vllm_config, device, runner=None) -> None:
         super().__init__(vllm_config, device, runner=runner)
         self.method = "p_eagle"
-        self.num_forwards = 0  # head forwards run by propose(); one per step
+        self.num_proposals = 0  # propose() calls, one per engine step with speculation
         self.last_draft_seconds = 0.0
         self._mask_states: torch.Tensor | None = None
+        self.last_drafts: torch.Tensor | None = None  # [B, K] of the latest step, target ids
 
     def load_model(self, target_model: torch.nn.Module) -> None:
         """Loads our head (vLLM's loader), then caches fc(mask_hidden) for the mask slots.
@@ -67,12 +68,13 @@ class PEagleProposer(EagleProposer):
                                  num_tokens_across_dp=num_tokens_across_dp, cudagraph_runtime_mode=cudagraph_mode,
                                  slot_mapping=self._get_slot_mapping(slot_mapping_size, cad.slot_mapping)):
             normed, _ = self.model(**model_kwargs)
-        self.num_forwards += 1
+        self.num_proposals += 1
         # [B*K, H] -> [B, K, Vd]
         logits = self.model.draft_logits(normed[slots.reshape(-1)]).view(batch_size, k, -1)
         temperature = None if sampling_metadata.all_greedy else sampling_metadata.temperature[:batch_size]
         drafts, probs = sample_drafts(logits, self.model.draft_to_target, temperature,
                                       sampling_metadata.generators, self.model.cfg.vocab_size)
         self._last_draft_probs = probs
+        self.last_drafts = drafts
         self.last_draft_seconds = time.perf_counter() - start
         return drafts

@@ -1,0 +1,138 @@
+"""`peagle-vllm bench`: side-by-side offline throughput on the same target and prompts —
+no speculation, vLLM eagle3 (sequential), vLLM's built-in parallel drafting, and p_eagle with the
+standard and the depth head — as ratios measured in one run. Writes a markdown table, JSON with
+every raw figure, and PNG plots (speedup vs K per concurrency; per-position acceptance)."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from peagle_vllm.corpus import held_out_prompts
+from peagle_vllm.runs import SpecFigures, make_llm, set_cpu_defaults, spec_figures
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    head: str | None  # models/<head>
+    method: str | None  # speculative method, None = no speculation
+
+    def spec(self, models: Path, k: int) -> dict | None:
+        if self.method is None:
+            return None
+        cfg = {"method": self.method, "model": str(models / self.head), "num_speculative_tokens": k}
+        if self.name == "vllm-parallel":
+            cfg.update(method="eagle3", parallel_drafting=True)
+        return cfg
+
+
+MODES = [
+    Mode("no-spec", None, None),
+    Mode("vllm-eagle3", "demo-eagle3", "eagle3"),
+    Mode("vllm-parallel", "demo-peagle-standard", "eagle3"),
+    Mode("p_eagle-standard", "demo-peagle-standard", "p_eagle"),
+    Mode("p_eagle-depth", "demo-peagle-depth", "p_eagle"),
+]
+
+
+def _measure(llm, prompts: list[str], concurrency: int, max_tokens: int, temperature: float) -> dict:
+    """Batches of `concurrency` requests (offline stand-in for concurrent clients)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0, ignore_eos=True)
+    batch = (prompts * ((concurrency // len(prompts)) + 1))[:concurrency]
+    before = spec_figures(llm)
+    t0 = time.perf_counter()
+    out = llm.generate(batch, params, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    spec: SpecFigures = spec_figures(llm).minus(before)
+    tokens = sum(len(o.outputs[0].token_ids) for o in out)
+    return {"tokens_per_s": tokens / seconds, "seconds": seconds, "acceptance_length": spec.acceptance_length,
+            "per_position": spec.per_position_rate}
+
+
+def run_bench(models: Path, out_dir: Path, ks: list[int], concurrencies: list[int], temperatures: list[float],
+              max_tokens: int, modes: list[str] | None = None) -> list[dict]:
+    from tqdm import tqdm
+
+    set_cpu_defaults()
+    prompts = held_out_prompts(16, seed=1)
+    target = str(models / "demo-target")
+    chosen = [m for m in MODES if not modes or m.name in modes]
+    jobs = [(m, k) for m in chosen for k in ([0] if m.method is None else ks)]
+    rows: list[dict] = []
+    bar = tqdm(total=len(jobs) * len(concurrencies) * len(temperatures), desc="bench")
+    for mode, k in jobs:
+        llm = make_llm(target, mode.spec(models, k), max_num_seqs=max(concurrencies))
+        llm.generate(prompts[:2], use_tqdm=False)  # warm-up
+        for temperature in temperatures:
+            for conc in concurrencies:
+                bar.set_postfix_str(f"{mode.name} K={k} c={conc} T={temperature}")
+                rows.append({"mode": mode.name, "k": k, "concurrency": conc, "temperature": temperature,
+                             **_measure(llm, prompts, conc, max_tokens, temperature)})
+                bar.update()
+        del llm
+    bar.close()
+    _add_ratios(rows)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {_cpus()} CPUs",
+            "max_tokens": max_tokens, "prompts": len(prompts)}
+    (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (out_dir / "bench.md").write_text(markdown_table(rows))
+    _plot(rows, out_dir)
+    return rows
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0))
+
+
+def _add_ratios(rows: list[dict]) -> None:
+    """Each row's ratio to no speculation and to vLLM's built-in parallel drafting at ITS best K."""
+    for r in rows:
+        same = [x for x in rows if x["concurrency"] == r["concurrency"] and x["temperature"] == r["temperature"]]
+        base = next((x["tokens_per_s"] for x in same if x["mode"] == "no-spec"), None)
+        builtin = max((x["tokens_per_s"] for x in same if x["mode"] == "vllm-parallel"), default=None)
+        r["vs_no_spec"] = round(r["tokens_per_s"] / base, 3) if base else None
+        r["vs_vllm_parallel_best"] = round(r["tokens_per_s"] / builtin, 3) if builtin else None
+
+
+def markdown_table(rows: list[dict]) -> str:
+    head = ("| mode | K | conc. | T | tokens/s | acc. length | vs no-spec | vs vLLM parallel (best K) |\n"
+            "|---|---|---|---|---|---|---|---|\n")
+    return head + "".join(
+        f"| {r['mode']} | {r['k'] or '-'} | {r['concurrency']} | {r['temperature']:g} | {r['tokens_per_s']:.1f} | "
+        f"{r['acceptance_length']:.2f} | {r['vs_no_spec'] or 0:.2f} | {r['vs_vllm_parallel_best'] or 0:.2f} |\n"
+        for r in rows)
+
+
+def _plot(rows: list[dict], out_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    concs = sorted({r["concurrency"] for r in rows})
+    fig, axes = plt.subplots(1, len(concs), figsize=(5 * len(concs), 4), squeeze=False)
+    for ax, conc in zip(axes[0], concs):
+        for mode in {r["mode"] for r in rows if r["k"]}:
+            pts = sorted((r["k"], r["vs_no_spec"]) for r in rows
+                         if r["mode"] == mode and r["concurrency"] == conc and r["temperature"] == 0)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=mode)
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_xscale("log", base=2), ax.set_xlabel("K"), ax.set_ylabel("speedup vs no speculation")
+        ax.set_title(f"concurrency {conc}, greedy"), ax.legend(fontsize=7)
+    fig.tight_layout(), fig.savefig(out_dir / "speedup_vs_k.png", dpi=80), plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in rows:
+        if r["k"] == max(x["k"] for x in rows) and r["concurrency"] == concs[0] and r["temperature"] == 0:
+            ax.plot(range(1, len(r["per_position"]) + 1), r["per_position"], marker=".", label=r["mode"])
+    ax.set_xlabel("draft position"), ax.set_ylabel("acceptance rate"), ax.legend(fontsize=7)
+    fig.tight_layout(), fig.savefig(out_dir / "per_position_acceptance.png", dpi=80), plt.close(fig)

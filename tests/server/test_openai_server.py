@@ -1,0 +1,120 @@
+"""`peagle-vllm serve` on 127.0.0.1 with p_eagle, driven by the real openai client."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from peagle_vllm.runs import generate
+
+PROMPT = "import os\nimport sys\n\n\ndef main():\n"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _server_env(trace: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    env.update(PEAGLE_VLLM_TRACE_FILE=str(trace), VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
+    return env
+
+
+@pytest.fixture(scope="module")
+def server(demo, tmp_path_factory):
+    trace = tmp_path_factory.mktemp("trace") / "registered.txt"
+    port = _free_port()
+    spec = json.dumps({"method": "p_eagle", "model": str(demo["draft"]), "num_speculative_tokens": 8})
+    log = open(trace.parent / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "peagle_vllm.cli", "serve", str(demo["target"]), "--host", "127.0.0.1",
+                             "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
+                             "--served-model-name", "demo", "--speculative-config", spec],
+                            env=_server_env(trace), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail("server exited:\n" + (trace.parent / "server.log").read_text()[-3000:])
+        try:
+            if urllib.request.urlopen(base + "/health", timeout=2).status == 200:
+                break
+        except OSError:
+            time.sleep(1)
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("server did not become healthy in 240 s")
+    yield {"base": base, "pid": proc.pid, "trace": trace}
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server["base"] + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_completion_is_greedy_identical_to_offline_no_speculation(client, demo) -> None:
+    served = client.completions.create(model="demo", prompt=PROMPT, max_tokens=64, temperature=0)
+    offline = generate(str(demo["target"]), None, [PROMPT], 64)
+    from transformers import AutoTokenizer
+
+    text = AutoTokenizer.from_pretrained(demo["target"]).decode(offline.token_ids[0])
+    assert served.choices[0].text == text
+
+
+def test_streaming_matches_non_streaming(client) -> None:
+    full = client.completions.create(model="demo", prompt=PROMPT, max_tokens=48, temperature=0).choices[0].text
+    chunks = [c.choices[0].text for c in client.completions.create(model="demo", prompt=PROMPT, max_tokens=48,
+                                                                     temperature=0, stream=True)]
+    assert len(chunks) > 2 and "".join(chunks) == full
+
+
+def test_chat_completion_and_chat_streaming(client) -> None:
+    messages = [{"role": "user", "content": "def add(a, b):"}]
+    reply = client.chat.completions.create(model="demo", messages=messages, max_tokens=32, temperature=0)
+    assert reply.choices[0].message.content
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="demo", messages=messages, max_tokens=32, temperature=0, stream=True))
+    assert streamed == reply.choices[0].message.content
+
+
+def test_metrics_report_speculation(client, server) -> None:
+    client.completions.create(model="demo", prompt=PROMPT, max_tokens=32, temperature=0)
+    text = urllib.request.urlopen(server["base"] + "/metrics", timeout=10).read().decode()
+    drafts = [float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:spec_decode_num_drafts_total")]
+    accepted = [float(line.split()[-1]) for line in text.splitlines()
+                if line.startswith("vllm:spec_decode_num_accepted_tokens_total")]
+    assert drafts and drafts[0] > 0 and accepted and accepted[0] > 0
+
+
+def test_plugin_registered_in_every_vllm_process(server, client) -> None:
+    client.completions.create(model="demo", prompt="x", max_tokens=2)
+    pids = {int(line.split()[0]) for line in server["trace"].read_text().splitlines()}
+    assert server["pid"] in pids, "not registered in the API server process"
+    assert len(pids) >= 3, f"registered in {len(pids)} processes; expected API server, engine core and worker"
+
+
+def test_bad_speculative_config_is_one_clear_line(demo) -> None:
+    run = subprocess.run([sys.executable, "-m", "peagle_vllm.cli", "serve", str(demo["target"]), "--speculative-config",
+                          json.dumps({"method": "p_eagle", "num_speculative_tokens": 4})],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines()[-1].startswith("peagle-vllm: error: speculative_config['model'] is missing")
