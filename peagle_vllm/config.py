@@ -21,7 +21,15 @@ REFUSED_KEYS = {
     "rejection_sample_method": "p_eagle verifies with its own sampler; use 'verify' instead",
     "disable_padded_drafter_batch": "p_eagle needs the padded drafter batch; drop the key",
     "speculative_token_tree": "p_eagle drafts one chain, not a tree; drop the key",
+    "use_heterogeneous_vocab": "p_eagle maps its draft vocabulary with the head's d2t; drop the key",
+    "synthetic_acceptance_rates": "synthetic acceptance replaces verification; benchmark with zeroed heads instead",
+    "synthetic_acceptance_length": "synthetic acceptance replaces verification; benchmark with zeroed heads instead",
+    "enable_adaptive_verification": "p_eagle chooses its own verification; use 'verify'",
 }
+# Options of other methods: accepted by vLLM's config but meaningless for p_eagle.
+for _key in ("prompt_lookup_max", "prompt_lookup_min", "suffix_decoding_max_tree_depth",
+             "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob"):
+    REFUSED_KEYS[_key] = "it is an option of another speculative method (ngram/suffix); drop it"
 
 
 class PEagleConfigError(ValueError):

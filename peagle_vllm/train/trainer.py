@@ -143,6 +143,11 @@ def train(recipe: TrainRecipe, resume: bool = False, log=print) -> dict:
         head.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
         head.lm_head.weight.copy_(target.get_output_embeddings().weight[vocab])
         head.set_vocab_map(vocab)
+        if head.cfg.target_hidden_size == head.cfg.hidden_size:
+            # Start from "read the deepest auxiliary state through the target's own output layer".
+            h = head.cfg.hidden_size
+            head.fc.weight.zero_()
+            head.fc.weight[:, -h:] = torch.eye(h)
     opt = torch.optim.AdamW(head.parameters(), lr=recipe.lr, weight_decay=0.0)
     history: list[dict] = []
     start = 0

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 
 from peagle_vllm.checkpoint import CheckpointError, read_head_config, read_tensors, validate_weights
 from peagle_vllm.config import METHOD, PEagleConfigError, check_head_fits_target, split_p_eagle_config
 
 MARK = "peagle"
+logger = logging.getLogger("peagle_vllm")
 
 
 def is_marked(speculative_config) -> bool:
@@ -47,6 +49,10 @@ def prepare(user_config: dict, hidden: int, vocab: int, layers: int) -> tuple[di
     validate_weights(head, read_tensors(path, ("mask_hidden", "d2t")), path)
     k = options.num_speculative_tokens or head.trained_depth
     check_head_fits_target(head, path, hidden, vocab, layers, k)
+    if k > head.trained_depth:
+        logger.warning("p_eagle: num_speculative_tokens=%d is above the depth %d that %s was trained for; its "
+                       "shared mask slot is reused, expect lower acceptance at the extra positions",
+                       k, head.trained_depth, path)
     for_vllm = {**passthrough, "model": path, "method": "eagle3", "parallel_drafting": True,
                 "num_speculative_tokens": k}
     mark = {"options": {**options.to_dict(), "model": path, "num_speculative_tokens": k}, "head": head.to_dict()}
@@ -75,6 +81,10 @@ def _wrap(original):
             if isinstance(user, dict):
                 _refuse_depth_head_in_builtin(user)
             return original(self, target_model_config, target_parallel_config)
+        if target_parallel_config.pipeline_parallel_size > 1:
+            raise PEagleConfigError("p_eagle does not run with pipeline parallelism (the draft head needs the "
+                                    "target's hidden states on one rank): use --pipeline-parallel-size 1 "
+                                    "(tensor parallelism is fine)")
         for_vllm, mark = prepare(user, target_model_config.get_hidden_size(), target_model_config.get_vocab_size(),
                                  target_model_config.get_total_num_hidden_layers())
         self.speculative_config = for_vllm

@@ -95,3 +95,9 @@ def test_depth_head_is_refused_by_vllms_builtin_parallel_drafting(tiny) -> None:
     with pytest.raises(PEagleConfigError, match="only \"method\": \"p_eagle\" runs it"):
         make_llm(str(tiny["target"]), {"method": "eagle3", "parallel_drafting": True, "model": str(tiny["depth"]),
                                        "num_speculative_tokens": 4})
+
+
+def test_pipeline_parallelism_is_refused_at_startup(tiny) -> None:
+    with pytest.raises(PEagleConfigError, match="pipeline parallelism"):
+        make_llm(str(tiny["target"]), {"method": "p_eagle", "model": str(tiny["head"]), "num_speculative_tokens": 4},
+                 pipeline_parallel_size=2)
