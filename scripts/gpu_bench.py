@@ -1,0 +1,151 @@
+"""Standalone draft-cost benchmark at real sizes: needs torch (and a GPU for real figures), no vLLM, no
+model files (random weights). One decode step of the P-EAGLE head (K query slots over a cached context,
+ONE forward) vs sequential EAGLE-3 drafting (K forwards of one slot), and the verifier at B x K,
+each beside its roofline floor (bytes moved / bandwidth, FLOPs / peak).
+
+    python scripts/gpu_bench.py                 # H100/H200-sized defaults, CUDA graphs
+    python scripts/gpu_bench.py --device cpu --hidden 256 --vocab 4096 --draft-vocab 2048 --batches 1 4 --context 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from peagle_vllm.head import HeadConfig, PEagleHead, rotary  # noqa: E402
+from peagle_vllm.verify import target_probs, verify  # noqa: E402
+
+PEAK = {"cuda": (4.8e12, 9.9e14), "cpu": (5e10, 1e11)}  # (bytes/s, FLOP/s): H200 HBM3e, bf16 dense
+
+
+class DecodeStep(torch.nn.Module):
+    """One head forward for `slots` new query slots per request over a cached context of C keys."""
+
+    def __init__(self, head: PEagleHead, batch: int, context: int, slots: int) -> None:
+        super().__init__()
+        cfg, dev, dt = head.cfg, head.fc.weight.device, head.fc.weight.dtype
+        self.head, self.slots = head, slots
+        layer = head.layers[0]
+        self.k_cache = torch.randn(batch, cfg.num_key_value_heads, context, cfg.head_dim, device=dev, dtype=dt)
+        self.v_cache = torch.randn_like(self.k_cache)
+        self.ids = torch.randint(0, cfg.vocab_size, (batch, slots), device=dev)
+        self.aux = torch.randn(batch, slots, 3 * cfg.hidden_size, device=dev, dtype=dt)
+        self.positions = torch.arange(context, context + slots, device=dev).expand(batch, -1)
+        self.mask = torch.cat([torch.ones(slots, context, dtype=torch.bool, device=dev),
+                               torch.ones(slots, slots, dtype=torch.bool, device=dev).tril()], dim=1)
+        self.layer = layer
+
+    def forward(self) -> torch.Tensor:
+        head, layer, cfg = self.head, self.layer, self.head.cfg
+        b, s = self.ids.shape
+        hidden = head.combine_hidden_states(self.aux)
+        x = torch.cat([layer.input_layernorm(head.embed_tokens(self.ids)), layer.hidden_norm(hidden)], dim=-1)
+        attn = layer.self_attn
+        q = rotary(attn.q_proj(x).view(b, s, cfg.num_attention_heads, cfg.head_dim), self.positions, cfg.rope_theta)
+        k = rotary(attn.k_proj(x).view(b, s, cfg.num_key_value_heads, cfg.head_dim), self.positions, cfg.rope_theta)
+        v = attn.v_proj(x).view(b, s, cfg.num_key_value_heads, cfg.head_dim)
+        k = torch.cat([self.k_cache, k.transpose(1, 2)], dim=2)
+        v = torch.cat([self.v_cache, v.transpose(1, 2)], dim=2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=self.mask, enable_gqa=True)
+        residual = attn.o_proj(out.transpose(1, 2).reshape(b, s, -1)) + hidden
+        residual = layer.mlp(layer.post_attention_layernorm(residual)) + residual
+        return head.draft_logits(head.norm(residual)).argmax(-1)
+
+
+def timed(fn, device: str, graphs: bool, reps: int = 20) -> float:
+    """Median seconds per call (CUDA graph replay on GPU when asked)."""
+    if device == "cuda" and graphs:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        call = graph.replay
+    else:
+        call = fn
+    for _ in range(3):
+        call()
+    times = []
+    for _ in range(reps):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def floor(cfg: HeadConfig, batch: int, slots: int, context: int, device: str, elem: int) -> float:
+    """Roofline floor of one head forward: weights + KV read once, 2 FLOPs per weight per slot."""
+    h, i, vd = cfg.hidden_size, cfg.intermediate_size, cfg.draft_vocab_size
+    weights = 3 * h * h + 2 * h * 3 * h + h * h + 3 * h * i + vd * h
+    kv = batch * context * 2 * cfg.num_key_value_heads * cfg.head_dim
+    flops = 2 * weights * batch * slots + 4 * batch * slots * (context + slots) * h
+    bw, peak = PEAK[device]
+    return max((weights + kv) * elem / bw, flops / peak)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--vocab", type=int, default=200_000)
+    p.add_argument("--draft-vocab", type=int, default=32_000)
+    p.add_argument("--context", type=int, default=2048)
+    p.add_argument("--batches", type=int, nargs="*", default=[1, 4, 16, 64])
+    p.add_argument("--ks", type=int, nargs="*", default=[1, 2, 4, 8, 16, 32])
+    p.add_argument("--no-graphs", action="store_true")
+    args = p.parse_args()
+    dev = args.device
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    elem = 2 if dtype == torch.bfloat16 else 4
+    cfg = HeadConfig(hidden_size=args.hidden, vocab_size=args.vocab, draft_vocab_size=args.draft_vocab,
+                     intermediate_size=int(args.hidden * 2.75) // 64 * 64, num_attention_heads=args.heads,
+                     num_key_value_heads=args.kv_heads, aux_layer_ids=[2, 16, 29], mask_token_id=0,
+                     variant="depth", trained_depth=32, fc_norm=True, norm_output=True)
+    head = PEagleHead(cfg).to(dev, dtype).eval()
+    print(f"device {dev} ({torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}), hidden {args.hidden}, "
+          f"draft vocab {args.draft_vocab}, target vocab {args.vocab}, context {args.context}, {dtype}")
+    print("| batch | K | P-EAGLE (1 forward) ms | floor ms | EAGLE-3 (K forwards) ms | floor ms | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    with torch.inference_mode():
+        for b in args.batches:
+            for k in args.ks:
+                par = timed(DecodeStep(head, b, args.context, k), dev, not args.no_graphs)
+                one = timed(DecodeStep(head, b, args.context, 1), dev, not args.no_graphs)
+                seq = k * one  # each sequential step is a one-slot forward over a context grown by one
+                print(f"| {b} | {k} | {par * 1e3:.3f} | {floor(cfg, b, k, args.context, dev, elem) * 1e3:.3f} | "
+                      f"{seq * 1e3:.3f} | {k * floor(cfg, b, 1, args.context, dev, elem) * 1e3:.3f} | {seq / par:.2f}x |")
+        print("\n| batch x K | verify greedy ms | verify sampled ms | floor ms |")
+        print("|---|---|---|---|")
+        for b in args.batches:
+            k = 32
+            logits = torch.randn(b * k, args.vocab, device=dev)
+            probs = target_probs(logits, torch.ones(b * k, device=dev)).view(b, k, -1)
+            argmax = probs.argmax(-1)
+            q = torch.softmax(torch.randn(b, k, args.vocab, device=dev), -1)
+            bonus, num = torch.zeros(b, dtype=torch.long, device=dev), torch.full((b,), k, device=dev)
+            g = timed(lambda: verify("standard", argmax, num, None, probs, argmax, bonus,
+                                     torch.ones(b, dtype=torch.bool, device=dev)), dev, False)
+            s = timed(lambda: verify("standard", argmax, num, q, probs, argmax, bonus,
+                                     torch.zeros(b, dtype=torch.bool, device=dev)), dev, False)
+            bw = PEAK[dev][0]
+            print(f"| {b} x {k} | {g * 1e3:.3f} | {s * 1e3:.3f} | {2 * b * k * args.vocab * 4 / bw * 1e3:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
