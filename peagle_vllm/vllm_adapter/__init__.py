@@ -15,11 +15,12 @@ def install() -> None:
     check_vllm_version()
     from vllm import ModelRegistry
 
-    from peagle_vllm.vllm_adapter import config_hook, runner_hook
+    from peagle_vllm.vllm_adapter import config_hook, runner_hook, scheduler_hook
     from peagle_vllm.vllm_adapter.draft_model import ARCHITECTURE
 
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, "peagle_vllm.vllm_adapter.draft_model:PEagleDraftModel")
     config_hook.patch()
     runner_hook.patch()
+    scheduler_hook.patch()
     _installed = True

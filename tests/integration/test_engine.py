@@ -27,7 +27,7 @@ def test_greedy_identical_to_no_speculation_on_demo_models(demo) -> None:
 def test_greedy_identical_at_k32_with_draft_vocabulary_map(tiny) -> None:
     prompts = [f"def f{i}(x):\n" + "    return x" * (i % 4) for i in range(12)]
     base = generate(str(tiny["target"]), None, prompts, 96)
-    ours = generate(str(tiny["target"]), p_eagle(tiny["depth"], 32), prompts, 96)
+    ours = generate(str(tiny["target"]), p_eagle(tiny["depth"], 32, adaptive=False), prompts, 96)
     assert ours.token_ids == base.token_ids
     assert ours.spec.draft_tokens == 32 * ours.spec.drafts
 
@@ -40,7 +40,7 @@ def _counts(worker) -> tuple[int, int]:
 def test_all_k_drafts_come_from_one_head_forward_per_step(tiny) -> None:
     from vllm import SamplingParams
 
-    llm = make_llm(str(tiny["target"]), p_eagle(tiny["head"], 8))
+    llm = make_llm(str(tiny["target"]), p_eagle(tiny["head"], 8, adaptive=False))
     (p0, f0), = llm.collective_rpc(_counts)
     before = spec_figures(llm)
     llm.generate(["def f3(x):\n"], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), use_tqdm=False)

@@ -29,6 +29,9 @@ def test_valid_config_splits_ours_from_vllms() -> None:
     ({"rejection_sample_method": "standard"}, "rejection_sample_method"),
     ({"num_speculative_tokenz": 4}, "num_speculative_tokenz"),
     ({"prompt_lookup_max": 4}, "prompt_lookup_max"),
+    ({"adaptive": "yes"}, "adaptive"),
+    ({"min_k": 9}, "min_k"),
+    ({"min_k": -1}, "min_k"),
 ])
 def test_bad_values_name_the_field(change: dict, field: str) -> None:
     cfg = {k: v for k, v in {**GOOD, **change}.items() if v is not None}

@@ -1,0 +1,85 @@
+"""Adaptive depth on synthetic acceptance streams and step costs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from peagle_vllm.depth import CostModel, DepthController, DepthOptions
+
+
+def run(ctrl: DepthController, alpha: float, steps: int, c0: float = 1.0, c1: float = 0.01,
+        rng: np.random.Generator | None = None, req: str = "r") -> list[int]:
+    """Each step: choose K, accept a geometric prefix with per-position rate alpha, report cost."""
+    rng = rng or np.random.default_rng(0)
+    ks = []
+    for _ in range(steps):
+        (k,) = ctrl.choose([req])
+        accepted = 0
+        while accepted < k and rng.random() < alpha:
+            accepted += 1
+        ctrl.observe(req, k, accepted)
+        ctrl.observe_step(1 + k, c0 + c1 * (1 + k))
+        ks.append(k)
+    return ks
+
+
+def test_k_rises_to_the_maximum_when_acceptance_is_high_and_cost_low() -> None:
+    ctrl = DepthController(DepthOptions(max_k=32))
+    ks = run(ctrl, alpha=0.97, steps=200, c1=0.005)
+    assert np.mean(ks[-50:]) > 24
+
+
+def test_k_falls_to_zero_when_acceptance_collapses_and_recovers_when_it_returns() -> None:
+    ctrl = DepthController(DepthOptions(max_k=16, probe_every=8))
+    high = run(ctrl, alpha=0.9, steps=150, c1=0.1)
+    low = run(ctrl, alpha=0.0, steps=150, c1=0.1)
+    back = run(ctrl, alpha=0.9, steps=300, c1=0.1)
+    assert np.mean(high[-30:]) > 6
+    assert sum(k == 0 for k in low[-60:]) > 45, "no fallback to plain decoding"
+    assert max(low[-60:]) <= 2, "fallback requests are only probed with short drafts"
+    assert np.mean(back[-50:]) > 6, "did not recover once acceptance returned"
+
+
+def test_expensive_verification_means_shallower_drafts() -> None:
+    cheap = run(DepthController(DepthOptions(max_k=32)), alpha=0.8, steps=200, c1=0.002)
+    dear = run(DepthController(DepthOptions(max_k=32)), alpha=0.8, steps=200, c1=0.3)
+    assert np.mean(dear[-50:]) < np.mean(cheap[-50:])
+
+
+@pytest.mark.parametrize("min_k,max_k", [(0, 4), (2, 8), (3, 3)])
+def test_bounds_are_respected(min_k: int, max_k: int) -> None:
+    ctrl = DepthController(DepthOptions(max_k=max_k, min_k=min_k))
+    ks = run(ctrl, alpha=0.99, steps=50) + run(ctrl, alpha=0.0, steps=100)
+    assert min(ks) >= min_k and max(ks) <= max_k
+
+
+def test_batch_shares_one_threshold_good_requests_get_deeper_drafts() -> None:
+    ctrl = DepthController(DepthOptions(max_k=16))
+    for _ in range(40):
+        ctrl.observe("good", 16, 15)
+        ctrl.observe("bad", 16, 0)
+    good, bad = ctrl.choose(["good", "bad"])
+    assert good > bad
+
+
+def test_cost_model_fits_a_linear_step_time() -> None:
+    model = CostModel()
+    for t in [10, 50, 100, 20, 80, 5, 60] * 5:
+        model.observe(t, 0.03 + 0.0004 * t)
+    assert abs(model.c0 - 0.03) < 1e-3 and abs(model.c1 - 0.0004) < 1e-5
+
+
+def test_decision_cost_is_small() -> None:
+    import time
+
+    ctrl = DepthController(DepthOptions(max_k=32))
+    ids = [f"r{i}" for i in range(256)]
+    for rid in ids:
+        ctrl.observe(rid, 32, 5)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        ctrl.choose(ids)
+    per_step = (time.perf_counter() - t0) / 20
+    print(f"choose() for 256 requests x K=32: {per_step * 1e3:.2f} ms")
+    assert per_step < 0.05
