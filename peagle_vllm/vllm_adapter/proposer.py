@@ -8,6 +8,7 @@ probabilities so that verification at temperature > 0 stays lossless.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -16,6 +17,8 @@ from vllm.v1.spec_decode.eagle import EagleProposer
 
 from peagle_vllm.proposer import sample_drafts
 from peagle_vllm.vllm_adapter.draft_model import PEagleDraftModel
+
+logger = logging.getLogger("peagle_vllm")
 
 
 class PEagleProposer(EagleProposer):
@@ -28,6 +31,7 @@ class PEagleProposer(EagleProposer):
         self.last_draft_seconds = 0.0
         self._mask_states: torch.Tensor | None = None
         self.last_drafts: torch.Tensor | None = None  # [B, K] of the latest step, target ids
+        self.num_bad_draft_rows = 0  # draft rows with NaN/Inf logits, replaced by uniform drafts
 
     def load_model(self, target_model: torch.nn.Module) -> None:
         """Loads our head (vLLM's loader), then caches fc(mask_hidden) for the mask slots.
@@ -42,6 +46,18 @@ class PEagleProposer(EagleProposer):
         with torch.inference_mode():
             self._mask_states = self.model.mask_states().to(self.dtype)
         self.parallel_drafting_hidden_state_tensor.copy_(self._mask_states[0])
+
+    def _sanitize(self, logits: torch.Tensor) -> torch.Tensor:
+        """A broken head (NaN/Inf) must not change outputs: its rows become uniform drafts, which
+        verification rejects or accepts losslessly like any other. Counted, warned about once."""
+        bad = ~torch.isfinite(logits).all(dim=-1)
+        if not bool(bad.any()):
+            return logits
+        if self.num_bad_draft_rows == 0:
+            logger.warning("p_eagle: the draft head produced NaN/Inf logits; those drafts are replaced by "
+                           "uniform ones (outputs stay exact, acceptance drops). Check the head's weights.")
+        self.num_bad_draft_rows += int(bad.sum())
+        return torch.where(bad.unsqueeze(-1), torch.zeros_like(logits), logits)
 
     @torch.inference_mode()
     def propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
@@ -71,6 +87,7 @@ class PEagleProposer(EagleProposer):
         self.num_proposals += 1
         # [B*K, H] -> [B, K, Vd]
         logits = self.model.draft_logits(normed[slots.reshape(-1)]).view(batch_size, k, -1)
+        logits = self._sanitize(logits)
         temperature = None if sampling_metadata.all_greedy else sampling_metadata.temperature[:batch_size]
         drafts, probs = sample_drafts(logits, self.model.draft_to_target, temperature,
                                       sampling_metadata.generators, self.model.cfg.vocab_size)
