@@ -10,7 +10,7 @@ from pathlib import Path
 from peagle_vllm.train.trainer import TrainRecipe, train
 
 HEADS = {"demo-peagle-depth": "depth", "demo-peagle-standard": "standard", "demo-eagle3": "eagle3"}
-DEMO_RECIPE = dict(k=32, steps=300, batch_size=8, seq_len=128, lr=3e-3, draft_vocab=2048, aux_layer_ids=[1, 2, 3],
+DEMO_RECIPE = dict(k=32, steps=800, batch_size=8, seq_len=128, lr=3e-3, draft_vocab=2048, aux_layer_ids=[1, 2, 3],
                    self_distill=False)
 
 

@@ -26,6 +26,11 @@ def _min_p(sampling_metadata) -> torch.Tensor | None:
     return None
 
 
+def _per_draft(x: torch.Tensor | None, num_draft: torch.Tensor, rows: int) -> torch.Tensor | None:
+    """Per-request values [B] repeated for each of the request's draft rows [num_tokens]."""
+    return None if x is None else x.repeat_interleave(num_draft, output_size=rows)
+
+
 def _pad(flat: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, fill=0) -> torch.Tensor:
     """Rows of a flat [num_tokens, ...] tensor gathered into [B, K, ...] (invalid slots = fill)."""
     out = flat[index.clamp(max=max(flat.shape[0] - 1, 0))]
@@ -65,11 +70,12 @@ class PEagleRejectionSampler(RejectionSampler):
             probs = q = None
         else:
             temp = sampling_metadata.temperature
-            is_greedy = temp <= 0
-            per_row = lambda x: None if x is None else x.repeat_interleave(num_draft, output_size=processed.shape[0])
-            probs = _pad(target_probs(processed, per_row(temp), per_row(sampling_metadata.top_k),
-                                      per_row(sampling_metadata.top_p), per_row(_min_p(sampling_metadata))),
-                         index, valid)
+            is_greedy = temp < 1e-5  # vLLM's own greedy threshold (_SAMPLING_EPS)
+            rows = processed.shape[0]
+            probs = _pad(target_probs(processed, _per_draft(temp, num_draft, rows),
+                                      _per_draft(sampling_metadata.top_k, num_draft, rows),
+                                      _per_draft(sampling_metadata.top_p, num_draft, rows),
+                                      _per_draft(_min_p(sampling_metadata), num_draft, rows)), index, valid)
             q = None if draft_probs is None else _pad(draft_probs, index, valid)
         result = verify(self.verify_mode, drafts, num_draft, q, probs, argmax, bonus, is_greedy,
                         sampling_metadata.generators)
