@@ -65,6 +65,8 @@ def cmd_eval_acceptance(args: argparse.Namespace) -> None:
     from peagle_vllm.corpus import held_out_prompts
 
     spec = {"method": args.method, "model": str(Path(args.draft).resolve()), "num_speculative_tokens": args.k}
+    if args.method == "p_eagle" and args.fixed_k:
+        spec["adaptive"] = False
     if args.method == "builtin":
         spec.update(method="eagle3", parallel_drafting=True)
     result = generate(args.target, spec, held_out_prompts(args.prompts, seed=args.seed), args.max_tokens,
@@ -162,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--method", choices=["p_eagle", "builtin", "eagle3"], default="p_eagle",
                    help="builtin = vLLM's eagle3 + parallel_drafting")
     e.add_argument("--temperature", type=float, default=0.0)
+    e.add_argument("--fixed-k", action="store_true", help="p_eagle without adaptive depth")
     e.add_argument("--prompts", type=int, default=16)
     e.add_argument("--max-tokens", type=int, default=128)
     e.add_argument("--seed", type=int, default=0)

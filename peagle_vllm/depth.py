@@ -74,7 +74,7 @@ class DepthController:
         if num_draft <= 0:
             return
         k = self.opt.max_k
-        s = self.requests.setdefault(req_id, _Stats(np.zeros(k), np.zeros(k)))
+        s = self._stats(req_id)
         seen = min(num_accepted + 1, num_draft)
         tries = np.zeros(k)
         tries[:seen] = 1.0
@@ -84,6 +84,12 @@ class DepthController:
         s.hits = s.hits * self.opt.decay + hits
         self.prior_tries = self.prior_tries * 0.97 + tries
         self.prior_hits = self.prior_hits * 0.97 + hits
+
+    def _stats(self, req_id: str) -> _Stats:
+        s = self.requests.get(req_id)
+        if s is None:
+            s = self.requests[req_id] = _Stats(np.zeros(self.opt.max_k), np.zeros(self.opt.max_k))
+        return s
 
     def observe_step(self, tokens: int, seconds: float) -> None:
         self.cost.observe(tokens, seconds)
@@ -98,10 +104,7 @@ class DepthController:
         rows = []
         for rid in req_ids:
             s = self.requests.get(rid)
-            if s is None:
-                rows.append(prior)
-            else:
-                rows.append((s.hits + w * prior) / (s.tries + w))
+            rows.append(prior if s is None else (s.hits + w * prior) / (s.tries + w))
         return np.cumprod(np.clip(np.array(rows), 0.0, 1.0), axis=1)
 
     def choose(self, req_ids: list[str]) -> list[int]:
@@ -118,12 +121,12 @@ class DepthController:
         ks = np.clip((curves >= threshold).sum(axis=1), self.opt.min_k, kmax)
         out = []
         for rid, k in zip(req_ids, ks.tolist()):
-            s = self.requests.get(rid)
-            if k == 0 and s is not None:
+            s = self._stats(rid)
+            if k == 0:
                 s.idle_steps += 1
                 if s.idle_steps >= self.opt.probe_every:  # fallback requests are probed again
                     s.idle_steps, k = 0, min(self.opt.probe_k, kmax)
-            elif s is not None:
+            else:
                 s.idle_steps = 0
             out.append(int(k))
         self.k_counts += np.bincount(out, minlength=kmax + 1)

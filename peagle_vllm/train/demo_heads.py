@@ -10,8 +10,8 @@ from pathlib import Path
 from peagle_vllm.train.trainer import TrainRecipe, train
 
 HEADS = {"demo-peagle-depth": "depth", "demo-peagle-standard": "standard", "demo-eagle3": "eagle3"}
-DEMO_RECIPE = dict(k=32, steps=800, batch_size=8, seq_len=128, lr=3e-3, draft_vocab=2048, aux_layer_ids=[1, 2, 3],
-                   self_distill=False)
+DEMO_RECIPE = dict(k=32, steps=500, batch_size=8, seq_len=128, lr=3e-3, draft_vocab=2048, aux_layer_ids=[1, 2, 3],
+                   self_distill=True, distill_pool=2048)
 
 
 def build_demo_heads(models: Path, work: Path, seed: int = 0, only: list[str] | None = None) -> None:

@@ -21,6 +21,7 @@ from peagle_vllm.train.objective import draft_vocabulary, kl_to_target
 
 STATE_FILE = "trainer_state.pt"
 LOG_FILE = "train_log.json"
+DEPTH_DECAY = 0.8
 
 
 @dataclass
@@ -40,6 +41,8 @@ class TrainRecipe:
     draft_vocab: int = 2048
     aux_layer_ids: list[int] = field(default_factory=list)
     self_distill: bool = True
+    distill_temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])  # pool split among them
+    distill_pool: int = 2048  # sequences the target generates once, before training
     prompt_len: int = 32
     seed: int = 0
     device: str = "cpu"
@@ -83,19 +86,43 @@ def head_inputs(head: PEagleHead, layout: SlotLayout, ids: torch.Tensor, aux: to
 
 def step_loss(head: PEagleHead, layout: SlotLayout, ids: torch.Tensor, aux: torch.Tensor, logits: torch.Tensor,
               vocab: torch.Tensor) -> tuple[torch.Tensor, dict[int, float]]:
-    """Mean over depths of the per-depth mean KL; also top-1 agreement with the target per depth."""
+    """Per-depth mean KL, depth d weighted by DEPTH_DECAY**d (acceptance at depth d needs every shallower
+    draft accepted first, so early depths matter most); also top-1 agreement with the target per depth."""
     slot_ids, hidden, positions = head_inputs(head, layout, ids, aux)
     normed, _ = head(slot_ids, hidden, positions, layout.attend.unsqueeze(0))
     draft = head.draft_logits(normed)  # [B, S, Vd]
     target = logits[:, layout.target_index]  # [B, S, V]
     kl = kl_to_target(draft.flatten(0, 1), target.flatten(0, 1), vocab).view(draft.shape[:2])
     agree = (vocab[draft.argmax(-1)] == target.argmax(-1)).float()
-    losses, accuracy = [], {}
+    losses, weights, accuracy = [], [], {}
     for d in layout.depth.unique().tolist():
         sel = layout.depth == d
         losses.append(kl[:, sel].mean())
+        weights.append(DEPTH_DECAY**d)
         accuracy[d] = agree[:, sel].mean().item()
-    return torch.stack(losses).mean(), accuracy
+    w = torch.tensor(weights, device=kl.device)
+    return (torch.stack(losses) * w).sum() / w.sum(), accuracy
+
+
+def distill_pool(target, sampler: WindowSampler, recipe: TrainRecipe, cache: Path, log) -> torch.Tensor:
+    """[N, seq_len+1] prompts continued by the target itself (split among `distill_temperatures`),
+    generated once in large batches (cheap per token) and cached next to the run for --resume."""
+    if cache.exists():
+        return torch.load(cache)
+    from tqdm import tqdm
+
+    new = recipe.seq_len - recipe.prompt_len  # windows hold prompt_len + 1 tokens
+    chunks, per_t = [], recipe.distill_pool // len(recipe.distill_temperatures)
+    with tqdm(total=per_t * len(recipe.distill_temperatures), desc="self-distillation") as bar:
+        for t in recipe.distill_temperatures:
+            for start in range(0, per_t, 64):
+                n = min(64, per_t - start)
+                chunks.append(self_distill(target, sampler.batch(n).to(target.device), new, t).cpu())
+                bar.update(n)
+    pool = torch.cat(chunks)
+    torch.save(pool, cache)
+    log(f"self-distillation pool: {tuple(pool.shape)}")
+    return pool
 
 
 def _plot(history: list[dict], path: Path) -> None:
@@ -161,6 +188,7 @@ def train(recipe: TrainRecipe, resume: bool = False, log=print) -> dict:
         log(f"resuming at step {start}")
     window = recipe.seq_len if not recipe.self_distill else recipe.prompt_len
     sampler = WindowSampler(stream, window, rng)
+    pool = distill_pool(target, sampler, recipe, out / "distill_pool.pt", log) if recipe.self_distill else None
     gen = torch.Generator().manual_seed(recipe.seed)
     bar = tqdm(range(start, recipe.steps), initial=start, total=recipe.steps, desc=f"train {recipe.variant} K={recipe.k}")
     t0 = time.time()
@@ -168,9 +196,10 @@ def train(recipe: TrainRecipe, resume: bool = False, log=print) -> dict:
         lr = recipe.lr * min(1.0, (step + 1) / recipe.warmup) * 0.5 * (1 + np.cos(np.pi * step / recipe.steps))
         for g in opt.param_groups:
             g["lr"] = lr
-        ids = sampler.batch(recipe.batch_size).to(dev)
-        if recipe.self_distill:
-            ids = self_distill(target, ids, recipe.seq_len - window + 1)
+        if pool is not None:
+            ids = pool[torch.from_numpy(rng.integers(0, len(pool), recipe.batch_size))].to(dev)
+        else:
+            ids = sampler.batch(recipe.batch_size).to(dev)
         aux_states, logits = capture(target, ids, aux)
         layout = build_layout(ids.shape[1], 1 if recipe.variant == "eagle3" else recipe.k, recipe.cod_rate,
                               recipe.cod_min, generator=gen)

@@ -9,7 +9,6 @@ probabilities so that verification at temperature > 0 stays lossless.
 from __future__ import annotations
 
 import logging
-import time
 
 import torch
 from vllm.forward_context import set_forward_context
@@ -28,10 +27,10 @@ class PEagleProposer(EagleProposer):
         super().__init__(vllm_config, device, runner=runner)
         self.method = "p_eagle"
         self.num_proposals = 0  # propose() calls, one per engine step with speculation
-        self.last_draft_seconds = 0.0
         self._mask_states: torch.Tensor | None = None
         self.last_drafts: torch.Tensor | None = None  # [B, K] of the latest step, target ids
-        self.num_bad_draft_rows = 0  # draft rows with NaN/Inf logits, replaced by uniform drafts
+        self._bad_rows = torch.zeros((), dtype=torch.long, device=device)
+        self._warned_bad = False
 
     def load_model(self, target_model: torch.nn.Module) -> None:
         """Loads our head (vLLM's loader), then caches fc(mask_hidden) for the mask slots.
@@ -49,21 +48,25 @@ class PEagleProposer(EagleProposer):
 
     def _sanitize(self, logits: torch.Tensor) -> torch.Tensor:
         """A broken head (NaN/Inf) must not change outputs: its rows become uniform drafts, which
-        verification rejects or accepts losslessly like any other. Counted, warned about once."""
-        bad = ~torch.isfinite(logits).all(dim=-1)
-        if not bool(bad.any()):
-            return logits
-        if self.num_bad_draft_rows == 0:
+        verification rejects or accepts losslessly like any other. Counted without a device sync;
+        checked (and warned about, once) every 64 proposals."""
+        bad = ~torch.isfinite(logits).all(dim=-1, keepdim=True)
+        self._bad_rows += bad.sum()
+        if self.num_proposals % 64 == 1 and not self._warned_bad and self.num_bad_draft_rows:
+            self._warned_bad = True
             logger.warning("p_eagle: the draft head produced NaN/Inf logits; those drafts are replaced by "
                            "uniform ones (outputs stay exact, acceptance drops). Check the head's weights.")
-        self.num_bad_draft_rows += int(bad.sum())
-        return torch.where(bad.unsqueeze(-1), torch.zeros_like(logits), logits)
+        return torch.where(bad, torch.zeros_like(logits), logits)
+
+    @property
+    def num_bad_draft_rows(self) -> int:
+        """Draft rows whose logits were NaN/Inf so far."""
+        return int(self._bad_rows)
 
     @torch.inference_mode()
     def propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                 next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
                 mm_embed_inputs=None, num_rejected_tokens_gpu=None, slot_mappings=None) -> torch.Tensor:
-        start = time.perf_counter()
         k = self.num_speculative_tokens
         self._last_draft_probs = None
         batch_size = common_attn_metadata.batch_size()
@@ -93,5 +96,4 @@ class PEagleProposer(EagleProposer):
                                       sampling_metadata.generators, self.model.cfg.vocab_size)
         self._last_draft_probs = probs
         self.last_drafts = drafts
-        self.last_draft_seconds = time.perf_counter() - start
         return drafts

@@ -83,3 +83,10 @@ def test_decision_cost_is_small() -> None:
     per_step = (time.perf_counter() - t0) / 20
     print(f"choose() for 256 requests x K=32: {per_step * 1e3:.2f} ms")
     assert per_step < 0.05
+
+
+def test_new_request_that_starts_at_zero_is_still_probed() -> None:
+    ctrl = DepthController(DepthOptions(max_k=8, probe_every=4))
+    ctrl.cost.c1 = 10.0  # verification looks prohibitively expensive at first
+    ks = [ctrl.choose(["fresh"])[0] for _ in range(8)]
+    assert ks.count(0) >= 6 and max(ks) > 0

@@ -61,3 +61,24 @@ def test_short_training_lowers_loss_and_raises_depth1_accuracy(tiny, tmp_path: P
     assert (tmp_path / "run" / "loss.png").stat().st_size > 0
     with pytest.raises(FileExistsError):
         train(recipe)  # never overwrites a run it is not resuming
+
+
+def test_self_distillation_trains_on_the_targets_own_continuations(tiny, tmp_path: Path) -> None:
+    from tiny_models import TEXT
+
+    from peagle_vllm.train.trainer import TrainRecipe, train
+
+    data = tmp_path / "data.txt"
+    data.write_text(TEXT)
+    recipe = TrainRecipe(target=str(tiny["target"]), data=str(data), out=str(tmp_path / "run"), k=4, variant="standard",
+                         steps=3, batch_size=2, seq_len=24, prompt_len=8, draft_vocab=256, distill_pool=8)
+    train(recipe)
+    pool = torch.load(tmp_path / "run" / "distill_pool.pt")
+    assert pool.shape == (8, 25)
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(tiny["target"]).eval()
+    with torch.no_grad():  # the greedy half continues its prompt exactly as the target would
+        greedy = target.generate(pool[:1, :9], attention_mask=torch.ones(1, 9, dtype=torch.long), max_new_tokens=16,
+                                 min_new_tokens=16, do_sample=False, pad_token_id=0)
+    assert torch.equal(greedy[0, :25], pool[0])
