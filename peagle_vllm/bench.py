@@ -19,23 +19,21 @@ from peagle_vllm.runs import SpecFigures, make_llm, set_cpu_defaults, spec_figur
 class Mode:
     name: str
     head: str | None  # models/<head>
-    method: str | None  # speculative method, None = no speculation
+    extra: tuple = ()  # speculative-config entries besides model and K; None head = no speculation
 
     def spec(self, models: Path, k: int) -> dict | None:
-        if self.method is None:
+        if self.head is None:
             return None
-        cfg = {"method": self.method, "model": str(models / self.head), "num_speculative_tokens": k}
-        if self.name == "vllm-parallel":
-            cfg.update(method="eagle3", parallel_drafting=True)
-        return cfg
+        return {**dict(self.extra), "model": str(models / self.head), "num_speculative_tokens": k}
 
 
 MODES = [
-    Mode("no-spec", None, None),
-    Mode("vllm-eagle3", "demo-eagle3", "eagle3"),
-    Mode("vllm-parallel", "demo-peagle-standard", "eagle3"),
-    Mode("p_eagle-standard", "demo-peagle-standard", "p_eagle"),
-    Mode("p_eagle-depth", "demo-peagle-depth", "p_eagle"),
+    Mode("no-spec", None),
+    Mode("vllm-eagle3", "demo-eagle3", (("method", "eagle3"),)),
+    Mode("vllm-parallel", "demo-peagle-standard", (("method", "eagle3"), ("parallel_drafting", True))),
+    Mode("p_eagle-standard", "demo-peagle-standard", (("method", "p_eagle"), ("adaptive", False))),
+    Mode("p_eagle-depth", "demo-peagle-depth", (("method", "p_eagle"), ("adaptive", False))),
+    Mode("p_eagle-depth-adaptive", "demo-peagle-depth", (("method", "p_eagle"),)),
 ]
 
 
@@ -63,7 +61,7 @@ def run_bench(models: Path, out_dir: Path, ks: list[int], concurrencies: list[in
     prompts = held_out_prompts(16, seed=1)
     target = str(models / "demo-target")
     chosen = [m for m in MODES if not modes or m.name in modes]
-    jobs = [(m, k) for m in chosen for k in ([0] if m.method is None else ks)]
+    jobs = [(m, k) for m in chosen for k in ([0] if m.head is None else ks)]
     rows: list[dict] = []
     bar = tqdm(total=len(jobs) * len(concurrencies) * len(temperatures), desc="bench")
     for mode, k in jobs:

@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--concurrency", type=int, nargs="*")
     b.add_argument("--temperature", type=float, nargs="*")
     b.add_argument("--max-tokens", type=int)
-    b.add_argument("--modes", nargs="*", help="subset of: no-spec vllm-eagle3 vllm-parallel p_eagle-standard p_eagle-depth")
+    b.add_argument("--modes", nargs="*", help="subset of: no-spec vllm-eagle3 vllm-parallel p_eagle-standard p_eagle-depth p_eagle-depth-adaptive")
     b.set_defaults(func=cmd_bench)
 
     sub.add_parser("serve", help="vLLM's OpenAI server with the plugin: peagle-vllm serve TARGET [vllm flags]",

@@ -178,18 +178,19 @@ def train(recipe: TrainRecipe, resume: bool = False, log=print) -> dict:
     opt = torch.optim.AdamW(head.parameters(), lr=recipe.lr, weight_decay=0.0)
     history: list[dict] = []
     start = 0
+    gen = torch.Generator().manual_seed(recipe.seed)  # COD sampling
     if resume and state_path.exists():
         state = torch.load(state_path, weights_only=False)
         head.load_state_dict(state["head"])
         opt.load_state_dict(state["opt"])
         rng.bit_generator.state = state["rng"]
         torch.set_rng_state(state["torch_rng"])
+        gen.set_state(state["cod_rng"])
         history, start = state["history"], state["step"]
         log(f"resuming at step {start}")
     window = recipe.seq_len if not recipe.self_distill else recipe.prompt_len
     sampler = WindowSampler(stream, window, rng)
     pool = distill_pool(target, sampler, recipe, out / "distill_pool.pt", log) if recipe.self_distill else None
-    gen = torch.Generator().manual_seed(recipe.seed)
     bar = tqdm(range(start, recipe.steps), initial=start, total=recipe.steps, desc=f"train {recipe.variant} K={recipe.k}")
     t0 = time.time()
     for step in bar:
@@ -217,7 +218,8 @@ def train(recipe: TrainRecipe, resume: bool = False, log=print) -> dict:
         if (step + 1) % recipe.checkpoint_every == 0 or step + 1 == recipe.steps:
             tmp = state_path.with_suffix(".tmp")
             torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "rng": rng.bit_generator.state,
-                        "torch_rng": torch.get_rng_state(), "history": history, "step": step + 1}, tmp)
+                        "torch_rng": torch.get_rng_state(), "cod_rng": gen.get_state(), "history": history,
+                        "step": step + 1}, tmp)
             tmp.replace(state_path)
     export = out / "head"
     save_head(head.cpu(), export, verifier=str(Path(recipe.target).resolve()))

@@ -82,3 +82,39 @@ def test_self_distillation_trains_on_the_targets_own_continuations(tiny, tmp_pat
         greedy = target.generate(pool[:1, :9], attention_mask=torch.ones(1, 9, dtype=torch.long), max_new_tokens=16,
                                  min_new_tokens=16, do_sample=False, pad_token_id=0)
     assert torch.equal(greedy[0, :25], pool[0])
+
+
+def test_killed_run_resumes_from_its_checkpoint_without_loss(tiny, tmp_path: Path, monkeypatch) -> None:
+    """Interrupted after its step-4 checkpoint and resumed, a run ends with exactly the weights of an
+    uninterrupted run."""
+    from safetensors.torch import load_file
+    from tiny_models import TEXT
+
+    import peagle_vllm.train.trainer as trainer
+
+    data = tmp_path / "data.txt"
+    data.write_text(TEXT)
+    torch.set_num_threads(1)
+
+    def recipe(name: str) -> trainer.TrainRecipe:
+        return trainer.TrainRecipe(target=str(tiny["target"]), data=str(data), out=str(tmp_path / name), k=4,
+                                   steps=8, batch_size=2, seq_len=32, draft_vocab=256, self_distill=False,
+                                   checkpoint_every=4)
+
+    trainer.train(recipe("straight"))
+    real_step, calls = torch.optim.AdamW.step, {"n": 0}
+
+    def dies_at_step_6(self, *a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise KeyboardInterrupt
+        return real_step(self, *a, **kw)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", dies_at_step_6)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(recipe("killed"))
+    monkeypatch.setattr(torch.optim.AdamW, "step", real_step)
+    trainer.train(recipe("killed"), resume=True)
+    a = load_file(str(tmp_path / "straight" / "head" / "model.safetensors"))
+    b = load_file(str(tmp_path / "killed" / "head" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
