@@ -102,27 +102,9 @@ def _rename_vllm_layout(name: str) -> str:
     return name
 
 
-def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint directory (*.safetensors), names normalised to ours."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{path} holds no *.safetensors file: export the head with `peagle-vllm train`")
-    weights: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            tensors = load_file(str(f))
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise CheckpointError(f"{f} is truncated or corrupt ({exc}): re-export or re-copy the head") from exc
-        weights.update({_rename_vllm_layout(k): v for k, v in tensors.items()})
-    return weights
-
-
-def read_tensors(path: str | os.PathLike, wanted: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    """Only the named tensors (e.g. mask_hidden, d2t), opened lazily: cheap even for large heads.
-    Reading every file's header also catches truncated or corrupt safetensors files early."""
+def read_tensors(path: str | os.PathLike, wanted: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
+    """Tensors of a checkpoint directory, names normalised to ours: all of them, or only `wanted` (e.g.
+    mask_hidden, d2t: cheap even for large heads). Truncated or corrupt files are refused clearly."""
     from safetensors import SafetensorError, safe_open
 
     files = sorted(Path(path).glob("*.safetensors"))
@@ -134,7 +116,7 @@ def read_tensors(path: str | os.PathLike, wanted: tuple[str, ...]) -> dict[str, 
             with safe_open(str(f), framework="pt") as fh:
                 for key in fh.keys():
                     name = _rename_vllm_layout(key)
-                    if name in wanted:
+                    if wanted is None or name in wanted:
                         found[name] = fh.get_tensor(key)
         except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
             raise CheckpointError(f"{f} is truncated or corrupt ({exc}): re-export or re-copy the head") from exc
@@ -167,7 +149,7 @@ def validate_weights(cfg: HeadConfig, weights: dict[str, torch.Tensor], where: s
 def load_head(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> PEagleHead:
     """A PEagleHead with the checkpoint's weights (embed_tokens may be absent: then left random)."""
     cfg = read_head_config(path)
-    weights = read_weights(path)
+    weights = read_tensors(path)
     validate_weights(cfg, weights, str(path))
     head = PEagleHead(cfg)
     if "mask_hidden" in weights:

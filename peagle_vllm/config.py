@@ -13,7 +13,7 @@ METHOD = "p_eagle"
 MAX_K = 32
 VERIFY_MODES = ("auto", "standard", "block")
 # Keys that are ours; everything else in the dict is handed to vLLM's SpeculativeConfig.
-OWN_KEYS = ("verify", "adaptive", "min_k")
+OWN_KEYS = ("verify", "adaptive", "min_k", "acceptance_warn_below")
 # vLLM keys whose meaning conflicts with p_eagle (it sets them itself).
 REFUSED_KEYS = {
     "parallel_drafting": "p_eagle always drafts in parallel; drop the key",
@@ -45,6 +45,7 @@ class PEagleOptions:
     verify: str = "auto"
     adaptive: bool = True  # per-request K chosen each step (peagle_vllm.depth); False = fixed K
     min_k: int = 0  # lowest K adaptive depth may choose (0 allows falling back to plain decoding)
+    acceptance_warn_below: float = 0.75  # warn when the 20-step block acceptance rate falls below this
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,6 +85,9 @@ def split_p_eagle_config(user: dict[str, Any], known_vllm_keys: set[str] | None 
     min_k = cfg.get("min_k", 0)
     if isinstance(min_k, bool) or not isinstance(min_k, int) or not 0 <= min_k <= (k or MAX_K):
         raise PEagleConfigError(f"{_field('min_k')} must be an integer from 0 to num_speculative_tokens, got {min_k!r}")
+    warn_below = cfg.get("acceptance_warn_below", 0.75)
+    if isinstance(warn_below, bool) or not isinstance(warn_below, (int, float)) or not 0 <= warn_below <= 1:
+        raise PEagleConfigError(f"{_field('acceptance_warn_below')} must be a rate from 0 to 1, got {warn_below!r}")
     for key, fix in REFUSED_KEYS.items():
         if key in cfg:
             raise PEagleConfigError(f"{_field(key)} cannot be used with p_eagle: {fix}")
@@ -93,7 +97,8 @@ def split_p_eagle_config(user: dict[str, Any], known_vllm_keys: set[str] | None 
         if unknown:
             raise PEagleConfigError(f"{_field(unknown[0])} is not a speculative-config field: p_eagle takes "
                                     f"{', '.join(OWN_KEYS)} plus vLLM's own fields; check the spelling")
-    return PEagleOptions(model=model, num_speculative_tokens=k, verify=verify, adaptive=adaptive, min_k=min_k), passthrough
+    return PEagleOptions(model=model, num_speculative_tokens=k, verify=verify, adaptive=adaptive, min_k=min_k,
+                         acceptance_warn_below=float(warn_below)), passthrough
 
 
 def check_head_fits_target(head: HeadConfig, where: str, target_hidden_size: int, target_vocab_size: int,

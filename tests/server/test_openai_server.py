@@ -95,13 +95,24 @@ def test_chat_completion_and_chat_streaming(client) -> None:
     assert streamed == reply.choices[0].message.content
 
 
-def test_metrics_report_speculation(client, server) -> None:
-    client.completions.create(model="demo", prompt=PROMPT, max_tokens=32, temperature=0)
+def _scrape(server) -> dict[str, float]:
+    """Sum of each series' samples on /metrics (labels folded)."""
     text = urllib.request.urlopen(server["base"] + "/metrics", timeout=10).read().decode()
-    drafts = [float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:spec_decode_num_drafts_total")]
-    accepted = [float(line.split()[-1]) for line in text.splitlines()
-                if line.startswith("vllm:spec_decode_num_accepted_tokens_total")]
-    assert drafts and drafts[0] > 0 and accepted and accepted[0] > 0
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name = line.split("{")[0].split(" ")[0]
+            totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[-1])
+    return totals
+
+
+def test_metrics_show_peagle_series_consistent_with_vllm_counters(client, server) -> None:
+    client.completions.create(model="demo", prompt=PROMPT, max_tokens=32, temperature=0)
+    m = _scrape(server)
+    assert m["vllm:spec_decode_num_drafts_total"] > 0 and m["vllm:spec_decode_num_accepted_tokens_total"] > 0
+    assert m["peagle:accepted_tokens_per_position_total"] == m["vllm:spec_decode_num_accepted_tokens_total"]
+    assert m["peagle:draft_tokens_per_position_total"] == m["vllm:spec_decode_num_draft_tokens_total"]
+    assert m["peagle:acceptance_length_count"] > 0 and "peagle:block_acceptance_rate_window" in m
 
 
 def test_plugin_registered_in_every_vllm_process(server, client) -> None:

@@ -1,0 +1,35 @@
+"""peagle: series in LLM.get_metrics(), consistent with vLLM's own spec-decode counters."""
+
+from __future__ import annotations
+
+from peagle_vllm.runs import make_llm
+
+
+def _totals(llm) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for m in llm.get_metrics():
+        if m.name.startswith("peagle:") or m.name.startswith("vllm:spec_decode_num"):
+            value = getattr(m, "value", None)
+            if value is None:
+                value = getattr(m, "count", None)
+            if value is None:
+                value = sum(getattr(m, "values", []))
+            out[m.name] = out.get(m.name, 0) + value
+    return out
+
+
+def test_peagle_series_agree_with_vllm_counters(demo) -> None:
+    from vllm import SamplingParams
+
+    from peagle_vllm.corpus import held_out_prompts
+
+    llm = make_llm(str(demo["target"]), {"method": "p_eagle", "model": str(demo["draft"]), "num_speculative_tokens": 8})
+    before = _totals(llm)
+    llm.generate(held_out_prompts(6, seed=2), SamplingParams(temperature=0, max_tokens=64), use_tqdm=False)
+    after = _totals(llm)
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    assert delta["vllm:spec_decode_num_drafts"] > 0
+    assert delta["peagle:accepted_tokens_per_position"] == delta["vllm:spec_decode_num_accepted_tokens"]
+    assert delta["peagle:draft_tokens_per_position"] == delta["vllm:spec_decode_num_draft_tokens"]
+    assert delta["peagle:acceptance_length"] > 0  # one observation per engine step with drafts
+    assert 0.0 <= after["peagle:block_acceptance_rate_window"] <= 1.0

@@ -1,0 +1,23 @@
+"""The acceptance monitor on synthetic step counts."""
+
+from __future__ import annotations
+
+from peagle_vllm.metrics import AcceptanceMonitor
+
+
+def test_step_figures_and_window_rate() -> None:
+    mon = AcceptanceMonitor(warn_below=0.5, window=4)
+    step = mon.observe(num_drafts=4, num_draft_tokens=32, num_accepted=12)
+    assert step.acceptance_length == 4.0 and step.draft_tokens_per_request == 8.0
+    assert step.window_rate == 12 / 32
+    assert mon.observe(0, 0, 0) is None  # a step without drafts changes nothing
+
+
+def test_warns_once_when_the_window_stays_low_and_again_after_recovery() -> None:
+    mon = AcceptanceMonitor(warn_below=0.5, window=4)
+    warnings = [mon.observe(2, 16, 2).warning for _ in range(8)]
+    assert sum(w is not None for w in warnings) == 1 and warnings[3] is not None  # once the window is full
+    for _ in range(6):
+        mon.observe(2, 16, 16)
+    again = [mon.observe(2, 16, 0).warning for _ in range(6)]
+    assert sum(w is not None for w in again) == 1
