@@ -1,4 +1,4 @@
-"""`peagle:` Prometheus series beside vLLM's own spec-decode counters, fed from the same per-step
+"""`peagle:` Prometheus series (and a periodic log line) beside vLLM's own spec-decode counters, fed from the same per-step
 SpecDecodingStats in the front end (hook on vllm/v1/spec_decode/metrics.py `SpecDecodingProm`), so the
 two always agree. They appear on the server's /metrics and in `LLM.get_metrics()` (hook on
 vllm/v1/engine/llm_engine.py `get_metrics_snapshot`, which keeps only `vllm:` names)."""
@@ -76,6 +76,24 @@ def _wrap_observe(original):
     return observe
 
 
+def _wrap_log(original):
+    @functools.wraps(original)
+    def log(self, log_fn=None, *args, **kwargs):
+        """vLLM's periodic spec-decode line, then ours: the 20-step block acceptance and the verified K."""
+        steps = self.num_drafts and list(self.num_drafts)
+        drafts, drafted = sum(steps or []), sum(self.num_draft_tokens or [])
+        if log_fn is None:
+            original(self, *args, **kwargs)
+        else:
+            original(self, log_fn, *args, **kwargs)
+        if _series and drafts:
+            (log_fn or logger.info)(
+                "p_eagle metrics: block acceptance over the last 20 steps: %.1f%%, mean verified K per request: %.2f",
+                100 * _series["window_rate"]._value.get(), drafted / drafts)
+
+    return log
+
+
 def _with_peagle_series(original):
     @functools.wraps(original)
     def get_metrics_snapshot():
@@ -103,13 +121,14 @@ def _with_peagle_series(original):
 
 
 def patch() -> None:
-    """Wraps SpecDecodingProm.__init__/observe and LLMEngine's get_metrics_snapshot once."""
+    """Wraps SpecDecodingProm.__init__/observe, SpecDecodingLogging.log and LLMEngine's get_metrics_snapshot once."""
     from vllm.v1.engine import llm_engine
-    from vllm.v1.spec_decode.metrics import SpecDecodingProm
+    from vllm.v1.spec_decode.metrics import SpecDecodingLogging, SpecDecodingProm
 
     if getattr(SpecDecodingProm.observe, "__peagle_patched__", False):
         return
     SpecDecodingProm.__init__ = _wrap_init(SpecDecodingProm.__init__)
     SpecDecodingProm.observe = _wrap_observe(SpecDecodingProm.observe)
     SpecDecodingProm.observe.__peagle_patched__ = True
+    SpecDecodingLogging.log = _wrap_log(SpecDecodingLogging.log)
     llm_engine.get_metrics_snapshot = _with_peagle_series(llm_engine.get_metrics_snapshot)

@@ -54,7 +54,7 @@ def server(demo, tmp_path_factory):
     else:
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail("server did not become healthy in 240 s")
-    yield {"base": base, "pid": proc.pid, "trace": trace}
+    yield {"base": base, "pid": proc.pid, "trace": trace, "log": trace.parent / "server.log"}
     os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=30)
@@ -113,6 +113,16 @@ def test_metrics_show_peagle_series_consistent_with_vllm_counters(client, server
     assert m["peagle:accepted_tokens_per_position_total"] == m["vllm:spec_decode_num_accepted_tokens_total"]
     assert m["peagle:draft_tokens_per_position_total"] == m["vllm:spec_decode_num_draft_tokens_total"]
     assert m["peagle:acceptance_length_count"] > 0 and "peagle:block_acceptance_rate_window" in m
+
+
+def test_periodic_log_line_has_peagle_figures(client, server) -> None:
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        client.completions.create(model="demo", prompt=PROMPT, max_tokens=16, temperature=0)
+        if "p_eagle metrics: block acceptance over the last 20 steps" in server["log"].read_text():
+            return
+        time.sleep(2)
+    raise AssertionError("no p_eagle line in the server's periodic stats log")
 
 
 def test_plugin_registered_in_every_vllm_process(server, client) -> None:
