@@ -78,16 +78,21 @@ def verify_greedy(drafts: torch.Tensor, num_draft: torch.Tensor, target_argmax: 
     return _assemble(drafts, n, torch.where(n == num_draft, bonus, at))
 
 
+def _ids(drafts: torch.Tensor) -> torch.Tensor:
+    """Draft ids usable as indices (padding slots, never accepted, may hold -1)."""
+    return drafts.long().clamp_min(0)
+
+
 def _draft_prob_of(drafts: torch.Tensor, draft_probs: torch.Tensor | None) -> torch.Tensor:
     if draft_probs is None:
         return torch.ones(drafts.shape, dtype=torch.float32, device=drafts.device)
-    return draft_probs.gather(2, drafts.long().unsqueeze(2)).squeeze(2).float()
+    return draft_probs.gather(2, _ids(drafts).unsqueeze(2)).squeeze(2).float()
 
 
 def _draft_dist(drafts: torch.Tensor, draft_probs: torch.Tensor | None, vocab: int) -> torch.Tensor:
     if draft_probs is not None:
         return draft_probs.float()
-    return torch.nn.functional.one_hot(drafts.long(), vocab).float()
+    return torch.nn.functional.one_hot(_ids(drafts), vocab).float()
 
 
 def sample_rows(weights: torch.Tensor, generators: dict[int, torch.Generator] | None = None) -> torch.Tensor:
@@ -123,7 +128,7 @@ def verify_standard(drafts: torch.Tensor, num_draft: torch.Tensor, draft_probs: 
     b, k = drafts.shape
     if k == 0:
         return _assemble(drafts, torch.zeros(b, dtype=torch.long, device=drafts.device), bonus)
-    p_x = probs.gather(2, drafts.long().unsqueeze(2)).squeeze(2)
+    p_x = probs.gather(2, _ids(drafts).unsqueeze(2)).squeeze(2)
     q_x = _draft_prob_of(drafts, draft_probs)
     u = _uniforms((b, k), drafts.device, generators)
     n = _prefix_len((u * q_x <= p_x) & (p_x > 0) & _valid(num_draft, k))
@@ -144,7 +149,7 @@ def verify_block(drafts: torch.Tensor, num_draft: torch.Tensor, draft_probs: tor
     if k == 0:
         return _assemble(drafts, torch.zeros(b, dtype=torch.long, device=dev), bonus)
     q = _draft_dist(drafts, draft_probs, probs.shape[-1])
-    ratio = probs.gather(2, drafts.long().unsqueeze(2)).squeeze(2) / _draft_prob_of(drafts, draft_probs).clamp_min(1e-30)
+    ratio = probs.gather(2, _ids(drafts).unsqueeze(2)).squeeze(2) / _draft_prob_of(drafts, draft_probs).clamp_min(1e-30)
     gamma = num_draft.long()
     rows = torch.arange(b, device=dev)
     weight = torch.ones(b, dtype=torch.float64, device=dev)  # p_{i-1}, starting at p_0 = 1

@@ -27,6 +27,7 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--json")
+    p.add_argument("--only", nargs="*", help="run names containing any of these words (default: all)")
     args = p.parse_args()
     set_cpu_defaults()
     from peagle_vllm.corpus import held_out_prompts
@@ -35,6 +36,8 @@ def main() -> None:
     rows = []
     print("| method | K | T | acceptance length | per-position acceptance |\n|---|---|---|---|---|")
     for name, head, spec in RUNS:
+        if args.only and not any(w in name for w in args.only):
+            continue
         for k in args.ks:
             for t in args.temperatures:
                 cfg = {**spec, "model": str(REPO / "models" / head), "num_speculative_tokens": k}

@@ -63,7 +63,7 @@ class PEagleRejectionSampler(RejectionSampler):
         cols = torch.arange(k, device=dev)
         index = starts.unsqueeze(1) + cols
         valid = cols < num_draft.unsqueeze(1)
-        drafts = _pad(metadata.draft_token_ids.long(), index, valid, fill=-1)
+        drafts = _pad(metadata.draft_token_ids.long(), index, valid)
         argmax = _pad(processed.argmax(-1), index, valid)
         if sampling_metadata.all_greedy:
             is_greedy = torch.ones(b, dtype=torch.bool, device=dev)

@@ -152,3 +152,18 @@ def test_top_k_top_p_min_p_match_definitions() -> None:
     p = target_probs(logits, one, min_p=torch.tensor([0.3]))  # keeps probs >= .3 * .64
     assert (p[0, :2] > 0).all() and (p[0, 2:] == 0).all()
     assert torch.allclose(target_probs(logits, torch.tensor([0.5]))[0], (logits[0] * 2).softmax(-1))
+
+
+@pytest.mark.parametrize("sampler", [verify_standard, verify_block])
+def test_padded_rows_with_fewer_drafts_never_accept_padding(sampler) -> None:
+    """Adaptive depth verifies fewer drafts for some requests: their padding (-1) is never accepted."""
+    torch.manual_seed(0)
+    b, k, v = 4, 6, 9
+    probs = torch.full((b, k, v), 1.0 / v)
+    drafts = torch.randint(0, v, (b, k))
+    num = torch.tensor([6, 3, 1, 0])
+    drafts[torch.arange(k) >= num.unsqueeze(1)] = -1
+    q = torch.full((b, k, v), 1.0 / v)  # q == p: every real draft is accepted
+    res = sampler(drafts, num, q, probs, torch.tensor([7, 7, 7, 7]))
+    assert res.num_accepted.tolist() == [6, 3, 1, 0]
+    assert res.tokens[1, :4].tolist() == drafts[1, :3].tolist() + [7] and res.tokens[3, 0] == 7
