@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from peagle_vllm.corpus import held_out_prompts
-from peagle_vllm.runs import SpecFigures, make_llm, set_cpu_defaults, spec_figures
+from peagle_vllm.runs import SpecFigures, close_llm, make_llm, set_cpu_defaults, spec_figures
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def run_bench(models: Path, out_dir: Path, ks: list[int], concurrencies: list[in
                 rows.append({"mode": mode.name, "k": k, "concurrency": conc, "temperature": temperature,
                              **_measure(llm, prompts, conc, max_tokens, temperature)})
                 bar.update()
-        del llm
+        close_llm(llm)
     bar.close()
     _add_ratios(rows)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -92,8 +92,14 @@ def generate(target: str, speculative_config: dict | None, prompts: list[str], m
     seconds = time.perf_counter() - t0
     result = RunResult([list(o.outputs[0].token_ids) for o in outputs], seconds, start,
                        spec_figures(llm).minus(before))
-    del llm
+    close_llm(llm)
+    return result
+
+
+def close_llm(llm) -> None:
+    """Shuts an in-process engine down now: left to the garbage collector, its shutdown can run
+    during a later engine's start and tear down that engine's process groups."""
     import gc
 
+    llm.llm_engine.engine_core.shutdown()
     gc.collect()
-    return result

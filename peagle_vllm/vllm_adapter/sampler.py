@@ -3,8 +3,8 @@ logits, sampling_metadata) -> SamplerOutput`) with our verification (`peagle_vll
 
 Kept from vLLM: the bonus token from vLLM's own Sampler (so it honours every sampling option and
 seed exactly as plain decoding does), penalties/bad-words/min-tokens on the draft rows, logprobs
-and the output layout. Ours: the processed target distribution (temperature, min-p, top-k, top-p,
-in plain torch: no crash on CPU) and greedy/token-wise/block acceptance, lossless on CPU and GPU.
+and the output layout. Ours: the processed target distribution (temperature, top-k, top-p in plain
+torch: no crash on CPU; vLLM itself refuses min_p requests under speculation) and greedy/token-wise/block acceptance, lossless on CPU and GPU.
 """
 
 from __future__ import annotations
@@ -13,17 +13,9 @@ from dataclasses import replace
 
 import torch
 from vllm.v1.outputs import SamplerOutput
-from vllm.v1.sample.logits_processor.builtin import MinPLogitsProcessor
 from vllm.v1.sample.rejection_sampler import RejectionSampler
 
 from peagle_vllm.verify import VerifyResult, target_probs, verify
-
-
-def _min_p(sampling_metadata) -> torch.Tensor | None:
-    for proc in sampling_metadata.logitsprocs.argmax_invariant:
-        if isinstance(proc, MinPLogitsProcessor) and proc.min_p_count:
-            return proc.min_p.view(-1)
-    return None
 
 
 def _per_draft(x: torch.Tensor | None, num_draft: torch.Tensor, rows: int) -> torch.Tensor | None:
@@ -74,8 +66,7 @@ class PEagleRejectionSampler(RejectionSampler):
             rows = processed.shape[0]
             probs = _pad(target_probs(processed, _per_draft(temp, num_draft, rows),
                                       _per_draft(sampling_metadata.top_k, num_draft, rows),
-                                      _per_draft(sampling_metadata.top_p, num_draft, rows),
-                                      _per_draft(_min_p(sampling_metadata), num_draft, rows)), index, valid)
+                                      _per_draft(sampling_metadata.top_p, num_draft, rows)), index, valid)
             q = None if draft_probs is None else _pad(draft_probs, index, valid)
         result = verify(self.verify_mode, drafts, num_draft, q, probs, argmax, bonus, is_greedy,
                         sampling_metadata.generators)

@@ -2,7 +2,8 @@
 
 - `__init__`: a p_eagle scheduler gets a DepthController (unless the config fixes K).
 - `update_draft_token_ids`: each request's drafts are cut to the K the controller chooses, so the
-  next step verifies only those (K=0: plain decoding for that request).
+  next step verifies only those (K=0: plain decoding for that request). Seeded requests keep K_max
+  so that the same seed gives the same output.
 - `update_from_output`: accepted counts per request and the step's time and token count feed the
   controller; finished requests are forgotten.
 Synchronous scheduling only (vLLM's CPU backend); under async scheduling drafts reach the runner
@@ -41,10 +42,18 @@ def _wrap_update_drafts(original):
         ctrl: DepthController | None = getattr(self, ATTR, None)
         if ctrl is not None and draft_token_ids.req_ids:
             ks = ctrl.choose(list(draft_token_ids.req_ids))
-            draft_token_ids.draft_token_ids = [list(d)[:k] for d, k in zip(draft_token_ids.draft_token_ids, ks)]
+            draft_token_ids.draft_token_ids = [list(d) if self._peagle_seeded(rid) else list(d)[:k] for rid, d, k in
+                                               zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids, ks)]
         return original(self, draft_token_ids)
 
     return update_draft_token_ids
+
+
+def _is_seeded(self, req_id: str) -> bool:
+    """Requests with a seed keep the full K: timing-driven depth would make their samples unrepeatable."""
+    request = self.requests.get(req_id)
+    params = getattr(request, "sampling_params", None)
+    return params is not None and params.seed is not None
 
 
 def _wrap_update_from_output(original):
@@ -78,6 +87,7 @@ def patch() -> None:
 
     if getattr(Scheduler.__init__, "__peagle_patched__", False):
         return
+    Scheduler._peagle_seeded = _is_seeded
     for name, wrap in (("__init__", _wrap_init), ("update_draft_token_ids", _wrap_update_drafts),
                        ("update_from_output", _wrap_update_from_output)):
         wrapped = wrap(getattr(Scheduler, name))

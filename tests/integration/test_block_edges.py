@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from peagle_vllm.corpus import held_out_prompts
-from peagle_vllm.runs import make_llm, spec_figures
+from peagle_vllm.runs import close_llm, make_llm, spec_figures
 
 
 @pytest.fixture(scope="module")
@@ -15,7 +15,8 @@ def pair(demo):
     ours = make_llm(str(demo["target"]), {"method": "p_eagle", "model": str(demo["draft"]), "num_speculative_tokens": 8},
                     max_model_len=320)
     yield plain, ours
-    del plain, ours
+    close_llm(plain)
+    close_llm(ours)
 
 
 def _run(llm, prompts, **params):

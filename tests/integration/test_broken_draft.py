@@ -25,7 +25,7 @@ def _bad_rows(worker) -> int:
 
 
 def test_nan_head_keeps_outputs_exact_greedy_and_sampled(tiny, tmp_path: Path) -> None:
-    from peagle_vllm.runs import make_llm
+    from peagle_vllm.runs import close_llm, make_llm
     from vllm import SamplingParams
 
     head = _broken_copy(tiny["head"], tmp_path / "broken")
@@ -38,4 +38,5 @@ def test_nan_head_keeps_outputs_exact_greedy_and_sampled(tiny, tmp_path: Path) -
     sampled = ours.generate(prompts, SamplingParams(temperature=1.0, max_tokens=32, seed=1, ignore_eos=True), use_tqdm=False)
     assert all(len(o.outputs[0].token_ids) == 32 for o in sampled)
     (bad,) = ours.collective_rpc(_bad_rows)
+    close_llm(ours)
     assert bad > 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from peagle_vllm.corpus import held_out_prompts
-from peagle_vllm.runs import generate, make_llm, spec_figures
+from peagle_vllm.runs import close_llm, generate, make_llm, spec_figures
 
 
 def p_eagle(model, k: int = 8, **extra) -> dict:
@@ -48,6 +48,7 @@ def test_all_k_drafts_come_from_one_head_forward_per_step(tiny) -> None:
     spec = spec_figures(llm).minus(before)
     assert p1 - p0 >= 10, "the proposer did not run each step"
     assert f1 - f0 == p1 - p0, "more than one head forward per step"
+    close_llm(llm)
     assert spec.draft_tokens == 8 * spec.drafts  # K drafts per proposal, from that one forward
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from peagle_vllm.checkpoint import load_head
-from peagle_vllm.runs import make_llm
+from peagle_vllm.runs import close_llm, make_llm
 
 
 def _last_drafts(worker) -> list[list[int]]:
@@ -21,7 +21,7 @@ def test_vllm_head_matches_plain_torch_head(tiny) -> None:
     llm = make_llm(str(tiny["target"]), {"method": "p_eagle", "model": str(head_dir), "num_speculative_tokens": k})
     llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)  # prefill + first proposal
     (served,), = llm.collective_rpc(_last_drafts)
-    del llm
+    close_llm(llm)
 
     ids = AutoTokenizer.from_pretrained(tiny["target"])(prompt, return_tensors="pt").input_ids
     target = AutoModelForCausalLM.from_pretrained(tiny["target"], dtype=torch.float32).eval()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from peagle_vllm.runs import make_llm
+from peagle_vllm.runs import close_llm, make_llm
 
 
 def _totals(llm) -> dict[str, float]:
@@ -27,6 +27,7 @@ def test_peagle_series_agree_with_vllm_counters(demo) -> None:
     before = _totals(llm)
     llm.generate(held_out_prompts(6, seed=2), SamplingParams(temperature=0, max_tokens=64), use_tqdm=False)
     after = _totals(llm)
+    close_llm(llm)
     delta = {k: after[k] - before.get(k, 0) for k in after}
     assert delta["vllm:spec_decode_num_drafts"] > 0
     assert delta["peagle:accepted_tokens_per_position"] == delta["vllm:spec_decode_num_accepted_tokens"]
@@ -44,6 +45,7 @@ def test_per_request_spec_decode_metrics_when_asked(demo) -> None:
     llm = make_llm(str(demo["target"]), {"method": "p_eagle", "model": str(demo["draft"]), "num_speculative_tokens": 8,
                                          "adaptive": False}, per_request_spec_decode_metrics="summary")
     outs = llm.generate(held_out_prompts(3, seed=2), SamplingParams(temperature=0, max_tokens=48), use_tqdm=False)
+    close_llm(llm)
     for out in outs:
         m = out.outputs[0].spec_decode_metrics
         assert m is not None and m.num_draft_tokens > 0
