@@ -67,7 +67,6 @@ class DepthController:
         self.prior_tries = np.full(k, 1.0)
         self.prior_hits = np.full(k, 0.5)
         self.cost = CostModel()
-        self.k_counts = np.zeros(k + 1, dtype=np.int64)  # how often each K was chosen
 
     def observe(self, req_id: str, num_draft: int, num_accepted: int) -> None:
         """One verification result: drafts 1..num_accepted accepted, draft num_accepted+1 rejected."""
@@ -129,5 +128,4 @@ class DepthController:
             else:
                 s.idle_steps = 0
             out.append(int(k))
-        self.k_counts += np.bincount(out, minlength=kmax + 1)
         return out

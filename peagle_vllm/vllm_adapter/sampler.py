@@ -15,7 +15,7 @@ import torch
 from vllm.v1.outputs import SamplerOutput
 from vllm.v1.sample.rejection_sampler import RejectionSampler
 
-from peagle_vllm.verify import VerifyResult, target_probs, verify
+from peagle_vllm.verify import target_probs, verify
 
 
 def _per_draft(x: torch.Tensor | None, num_draft: torch.Tensor, rows: int) -> torch.Tensor | None:
@@ -34,7 +34,6 @@ class PEagleRejectionSampler(RejectionSampler):
     def __init__(self, sampler, spec_config, device, verify_mode: str = "auto") -> None:
         super().__init__(sampler, spec_config, device)
         self.verify_mode = verify_mode
-        self.last_result: VerifyResult | None = None
 
     def forward(self, metadata, draft_probs, logits, sampling_metadata) -> SamplerOutput:
         b = len(metadata.num_draft_tokens)
@@ -70,7 +69,6 @@ class PEagleRejectionSampler(RejectionSampler):
             q = None if draft_probs is None else _pad(draft_probs, index, valid)
         result = verify(self.verify_mode, drafts, num_draft, q, probs, argmax, bonus, is_greedy,
                         sampling_metadata.generators)
-        self.last_result = result
         output = result.tokens.to(torch.int32)
         logprobs = None
         if sampling_metadata.max_num_logprobs is not None:
