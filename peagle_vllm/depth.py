@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+PRIOR_DECAY = 0.97  # weight of the past in the all-request prior, per observation
+
 
 @dataclass
 class DepthOptions:
@@ -81,8 +83,8 @@ class DepthController:
         hits[:num_accepted] = 1.0
         s.tries = s.tries * self.opt.decay + tries
         s.hits = s.hits * self.opt.decay + hits
-        self.prior_tries = self.prior_tries * 0.97 + tries
-        self.prior_hits = self.prior_hits * 0.97 + hits
+        self.prior_tries = self.prior_tries * PRIOR_DECAY + tries
+        self.prior_hits = self.prior_hits * PRIOR_DECAY + hits
 
     def _stats(self, req_id: str) -> _Stats:
         s = self.requests.get(req_id)

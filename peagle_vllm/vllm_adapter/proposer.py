@@ -56,7 +56,7 @@ class PEagleProposer(EagleProposer):
             self._warned_bad = True
             logger.warning("p_eagle: the draft head produced NaN/Inf logits; those drafts are replaced by "
                            "uniform ones (outputs stay exact, acceptance drops). Check the head's weights.")
-        return torch.where(bad, torch.zeros_like(logits), logits)
+        return logits.masked_fill(bad, 0.0)
 
     @property
     def num_bad_draft_rows(self) -> int:

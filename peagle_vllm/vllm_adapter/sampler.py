@@ -4,7 +4,8 @@ logits, sampling_metadata) -> SamplerOutput`) with our verification (`peagle_vll
 Kept from vLLM: the bonus token from vLLM's own Sampler (so it honours every sampling option and
 seed exactly as plain decoding does), penalties/bad-words/min-tokens on the draft rows, logprobs
 and the output layout. Ours: the processed target distribution (temperature, top-k, top-p in plain
-torch: no crash on CPU; vLLM itself refuses min_p requests under speculation) and greedy/token-wise/block acceptance, lossless on CPU and GPU.
+torch: no crash on CPU; vLLM itself refuses min_p requests under speculation) and greedy/token-wise/
+block acceptance, lossless on CPU and GPU.
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ def _per_draft(x: torch.Tensor | None, num_draft: torch.Tensor, rows: int) -> to
     return None if x is None else x.repeat_interleave(num_draft, output_size=rows)
 
 
-def _pad(flat: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, fill=0) -> torch.Tensor:
-    """Rows of a flat [num_tokens, ...] tensor gathered into [B, K, ...] (invalid slots = fill)."""
+def _pad(flat: torch.Tensor, index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Rows of a flat [num_tokens, ...] tensor gathered into [B, K, ...]; invalid (padding) slots are 0."""
     out = flat[index.clamp(max=max(flat.shape[0] - 1, 0))]
-    mask = valid.view(*valid.shape, *([1] * (out.dim() - 2)))
-    return torch.where(mask, out, torch.as_tensor(fill, dtype=out.dtype, device=out.device))
+    return out.masked_fill(~valid.view(*valid.shape, *([1] * (out.dim() - 2))), 0)
 
 
 class PEagleRejectionSampler(RejectionSampler):
