@@ -54,14 +54,21 @@ def _measure(llm, prompts: list[str], concurrency: int, max_tokens: int, tempera
 
 
 def run_bench(models: Path, out_dir: Path, ks: list[int], concurrencies: list[int], temperatures: list[float],
-              max_tokens: int, modes: list[str] | None = None) -> list[dict]:
+              max_tokens: int, modes: list[str] | None = None, adaptive_ks: list[int] | None = None) -> list[dict]:
+    """Every chosen mode at every K (adaptive modes at `adaptive_ks`, their K_max, when given),
+    concurrency and temperature; rows with raw figures and ratios."""
     from tqdm import tqdm
 
     set_cpu_defaults()
     prompts = held_out_prompts(16, seed=1)
     target = str(models / "demo-target")
     chosen = [m for m in MODES if not modes or m.name in modes]
-    jobs = [(m, k) for m in chosen for k in ([0] if m.head is None else ks)]
+    def mode_ks(m: Mode) -> list[int]:
+        if m.head is None:
+            return [0]
+        return adaptive_ks if adaptive_ks and "adaptive" in m.name else ks
+
+    jobs = [(m, k) for m in chosen for k in mode_ks(m)]
     rows: list[dict] = []
     bar = tqdm(total=len(jobs) * len(concurrencies) * len(temperatures), desc="bench")
     for mode, k in jobs:
@@ -80,7 +87,7 @@ def run_bench(models: Path, out_dir: Path, ks: list[int], concurrencies: list[in
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {_cpus()} CPUs",
             "max_tokens": max_tokens, "prompts": len(prompts)}
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    (out_dir / "bench.md").write_text(markdown_table(rows))
+    (out_dir / "bench.md").write_text(markdown_table(rows) + "\n" + adaptive_summary(rows))
     _plot(rows, out_dir)
     return rows
 
@@ -108,6 +115,23 @@ def markdown_table(rows: list[dict]) -> str:
         f"| {r['mode']} | {r['k'] or '-'} | {r['concurrency']} | {r['temperature']:g} | {r['tokens_per_s']:.1f} | "
         f"{r['acceptance_length']:.2f} | {r['vs_no_spec'] or 0:.2f} | {r['vs_vllm_parallel_best'] or 0:.2f} |\n"
         for r in rows)
+
+
+def adaptive_summary(rows: list[dict], fixed: str = "p_eagle-depth", adaptive: str = "p_eagle-depth-adaptive") -> str:
+    """Per concurrency and temperature: adaptive depth against the best fixed K of the same head
+    (found after the fact) and against no speculation. Empty when the run lacks either mode."""
+    lines = []
+    for conc, temp in sorted({(r["concurrency"], r["temperature"]) for r in rows}):
+        same = [r for r in rows if r["concurrency"] == conc and r["temperature"] == temp]
+        best = max((r for r in same if r["mode"] == fixed), key=lambda r: r["tokens_per_s"], default=None)
+        for r in (r for r in same if r["mode"] == adaptive and best is not None):
+            lines.append(f"| {conc} | {temp:g} | {r['k']} | {r['tokens_per_s']:.1f} | {best['k']} | "
+                         f"{best['tokens_per_s']:.1f} | {r['tokens_per_s'] / best['tokens_per_s']:.2f} | "
+                         f"{r['vs_no_spec'] or 0:.2f} |")
+    if not lines:
+        return ""
+    return ("| conc. | T | adaptive K_max | adaptive tokens/s | best fixed K | its tokens/s | adaptive / best fixed "
+            "| adaptive / no-spec |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
 
 
 def _plot(rows: list[dict], out_dir: Path) -> None:

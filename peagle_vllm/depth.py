@@ -7,6 +7,10 @@ costs c0 + c1 * T for T scheduled tokens. Emitted tokens are B + sum of P over t
 P_r(i) falls with i, the best set of drafts is the top-n values of P overall for some n: sort once,
 pick the n maximising (B + prefix sum) / (c0 + c1 (B + n)). A request whose K falls to 0 falls back to
 plain decoding and is probed again with a short draft every `probe_every` steps.
+
+KV lookahead follows each request's own K: `reservation` says how many drafts a request may get at
+its next choice (at most twice its last K, so K can grow step by step), the scheduler reserves
+draft-head slots for that many only, and `choose` never exceeds what was reserved.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class _Stats:
     tries: np.ndarray
     hits: np.ndarray
     idle_steps: int = 0
+    last_k: int | None = None
 
 
 @dataclass
@@ -69,6 +74,7 @@ class DepthController:
         self.prior_tries = np.full(k, 1.0)
         self.prior_hits = np.full(k, 0.5)
         self.cost = CostModel()
+        self.typical_k = k  # largest K of the latest choice: what a new request may start from
 
     def observe(self, req_id: str, num_draft: int, num_accepted: int) -> None:
         """One verification result: drafts 1..num_accepted accepted, draft num_accepted+1 rejected."""
@@ -108,8 +114,17 @@ class DepthController:
             rows.append(prior if s is None else (s.hits + w * prior) / (s.tries + w))
         return np.cumprod(np.clip(np.array(rows), 0.0, 1.0), axis=1)
 
-    def choose(self, req_ids: list[str]) -> list[int]:
-        """K for each request of this step's batch."""
+    def reservation(self, req_id: str) -> int:
+        """Most drafts this request may be given at its next choice (and lookahead to reserve for)."""
+        s = self.requests.get(req_id)
+        last = self.typical_k if s is None or s.last_k is None else s.last_k
+        if last == 0 and (s is None or s.idle_steps + 1 < self.opt.probe_every):
+            return self.opt.min_k  # in fallback and no probe due: plain decoding next step
+        return int(min(self.opt.max_k, max(2 * last, self.opt.probe_k, self.opt.min_k)))
+
+    def choose(self, req_ids: list[str], caps: list[int] | None = None) -> list[int]:
+        """K for each request of this step's batch; `caps` (e.g. the drafts whose KV slots were
+        reserved) bound each request's K from above."""
         if not req_ids:
             return []
         b, kmax = len(req_ids), self.opt.max_k
@@ -129,5 +144,8 @@ class DepthController:
                     s.idle_steps, k = 0, min(self.opt.probe_k, kmax)
             else:
                 s.idle_steps = 0
-            out.append(int(k))
+            k = int(k) if caps is None else min(int(k), caps[len(out)])
+            s.last_k = k
+            out.append(k)
+        self.typical_k = max(out)
         return out

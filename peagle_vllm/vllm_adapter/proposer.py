@@ -8,13 +8,16 @@ probabilities so that verification at temperature > 0 stays lossless.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
 from vllm.forward_context import set_forward_context
 from vllm.v1.spec_decode.eagle import EagleProposer
+from vllm.v1.spec_decode.utils import PADDING_SLOT_ID
 
 from peagle_vllm.proposer import sample_drafts
+from peagle_vllm.rollback import beyond_capacity
 from peagle_vllm.vllm_adapter.draft_model import PEagleDraftModel
 
 logger = logging.getLogger("peagle_vllm")
@@ -26,6 +29,7 @@ class PEagleProposer(EagleProposer):
     def __init__(self, vllm_config, device, runner=None) -> None:
         super().__init__(vllm_config, device, runner=runner)
         self.method = "p_eagle"
+        self._runner = runner
         self.num_proposals = 0  # propose() calls, one per engine step with speculation
         self._mask_states: torch.Tensor | None = None
         self.last_drafts: torch.Tensor | None = None  # [B, K] of the latest step, target ids
@@ -63,19 +67,47 @@ class PEagleProposer(EagleProposer):
         """Draft rows whose logits were NaN/Inf so far."""
         return int(self._bad_rows)
 
+    def _drop_writes_beyond_reservation(self, cad, num_tokens: int, batch_size: int) -> None:
+        """Adaptive depth reserves lookahead for each request's own K, so mask slots past a request's
+        blocks have no slot of their own: their KV is not written (their drafts are cut anyway)."""
+        table = self._runner.input_batch.block_table.block_tables[self.kv_cache_gid]
+        blocks = torch.from_numpy(table.num_blocks_per_row[:batch_size].astype("int64"))
+        per_request = cad.query_start_loc[1: batch_size + 1] - cad.query_start_loc[:batch_size]
+        beyond = beyond_capacity(self.positions[:num_tokens], per_request, blocks * table.block_size)
+        cad.slot_mapping[:num_tokens].masked_fill_(beyond, PADDING_SLOT_ID)
+
+    def _draft_depth(self) -> int:
+        """Drafts per request this step: under adaptive depth the most any scheduled request may
+        get (sent by the scheduler), else K. Depth 1 has no mask slots: plain EAGLE input."""
+        depth = getattr(self._runner, "peagle_draft_depth", None)
+        return self.num_speculative_tokens if depth is None else max(1, min(depth, self.num_speculative_tokens))
+
+    @contextlib.contextmanager
+    def _slot_layout(self, depth: int):
+        """vLLM's input layout with `depth` slots per request instead of K (restored afterwards)."""
+        saved = self.extra_slots_per_request, self.net_num_new_slots_per_request, self.needs_extra_input_slots
+        self.extra_slots_per_request, self.net_num_new_slots_per_request = depth, depth - 1
+        self.needs_extra_input_slots = depth > 1
+        try:
+            yield
+        finally:
+            self.extra_slots_per_request, self.net_num_new_slots_per_request, self.needs_extra_input_slots = saved
+
     @torch.inference_mode()
     def propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                 next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
                 mm_embed_inputs=None, num_rejected_tokens_gpu=None, slot_mappings=None) -> torch.Tensor:
-        k = self.num_speculative_tokens
+        k = self._draft_depth()
         self._last_draft_probs = None
         batch_size = common_attn_metadata.batch_size()
         # [num_tokens, 3*Ht] -> [num_tokens, H]
         target_hidden_states = self.model.combine_hidden_states(target_hidden_states)
-        num_tokens, token_indices_to_sample, cad = self.set_inputs_first_pass(
-            target_token_ids=target_token_ids, next_token_ids=next_token_ids, target_positions=target_positions,
-            target_hidden_states=target_hidden_states, token_indices_to_sample=token_indices_to_sample,
-            cad=common_attn_metadata, num_rejected_tokens_gpu=num_rejected_tokens_gpu)
+        with self._slot_layout(k):
+            num_tokens, token_indices_to_sample, cad = self.set_inputs_first_pass(
+                target_token_ids=target_token_ids, next_token_ids=next_token_ids, target_positions=target_positions,
+                target_hidden_states=target_hidden_states, token_indices_to_sample=token_indices_to_sample,
+                cad=common_attn_metadata, num_rejected_tokens_gpu=num_rejected_tokens_gpu)
+        self._drop_writes_beyond_reservation(cad, num_tokens, batch_size)
         # [B, K]: column 0 is the last real token, column d the d-th mask slot.
         slots = token_indices_to_sample.view(batch_size, k).long()
         if self._mask_states.shape[0] > 1 and k > 1:  # depth-aware head: one state per depth
@@ -96,4 +128,5 @@ class PEagleProposer(EagleProposer):
                                       sampling_metadata.generators, self.model.cfg.vocab_size)
         self._last_draft_probs = probs
         self.last_drafts = drafts
-        return drafts
+        # vLLM's buffers are [B, K]: columns past this step's depth are never scheduled (capped).
+        return torch.nn.functional.pad(drafts, (0, self.num_speculative_tokens - k))

@@ -1,6 +1,9 @@
 """Worker-side hook on `vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__` (the CPU runner
 reaches it through super()): for a p_eagle config, the drafter becomes PEagleProposer and the
 rejection sampler PEagleRejectionSampler. The drafter loads its weights later, in load_model.
+Also wraps `GPUModelRunner._update_states`: block lists the scheduler cut after a rejection are cut
+here too before the step's new blocks are appended, the step's draft depth (adaptive depth) is
+kept for the proposer, and, as a test aid, stale KV is poisoned.
 """
 
 from __future__ import annotations
@@ -8,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import functools
 
+from peagle_vllm.vllm_adapter import rollback_hook
 from peagle_vllm.vllm_adapter.config_hook import is_marked, mark_of
+from peagle_vllm.vllm_adapter.scheduler_hook import DRAFT_DEPTH_ATTR
 
 
 def _wrap(original):
@@ -31,10 +36,25 @@ def _wrap(original):
     return __init__
 
 
+def _wrap_update_states(original):
+    @functools.wraps(original)
+    def _update_states(self, scheduler_output):
+        rollback_hook.apply_block_counts(self, scheduler_output)
+        self.peagle_draft_depth = getattr(scheduler_output, DRAFT_DEPTH_ATTR, None)
+        out = original(self, scheduler_output)
+        mode = rollback_hook.poison_mode()
+        if mode is not None:
+            rollback_hook.poison_stale_kv(self, mode)
+        return out
+
+    return _update_states
+
+
 def patch() -> None:
-    """Wraps GPUModelRunner.__init__ once."""
+    """Wraps GPUModelRunner.__init__ and _update_states once."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     if getattr(GPUModelRunner.__init__, "__peagle_patched__", False):
         return
     GPUModelRunner.__init__ = _wrap(GPUModelRunner.__init__)
+    GPUModelRunner._update_states = _wrap_update_states(GPUModelRunner._update_states)

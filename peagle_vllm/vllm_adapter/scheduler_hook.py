@@ -1,24 +1,34 @@
 """Engine-core hooks on `vllm.v1.core.sched.scheduler.Scheduler` for adaptive depth.
 
 - `__init__`: a p_eagle scheduler gets a DepthController (unless the config fixes K).
-- `update_draft_token_ids`: each request's drafts are cut to the K the controller chooses, so the
-  next step verifies only those (K=0: plain decoding for that request). Seeded requests keep K_max
-  so that the same seed gives the same output.
+- `update_draft_token_ids`: each request's drafts are cut to the K the controller chooses (never
+  more than the lookahead reserved for it), so the next step verifies only those (K=0: plain
+  decoding for that request); then blocks the request no longer needs go back to the pool
+  (`rollback_hook.release_surplus`). Seeded requests keep K_max so that the same seed gives the
+  same output.
+- `schedule`: the block counts of released requests, and the most drafts any scheduled request may
+  get next, ride to the worker on the SchedulerOutput (the proposer drafts only that deep: a
+  batch in fallback costs one draft row per request, not K_max).
+- The KV manager's allocate_slots reserves each request's draft-head lookahead for its own K.
 - `update_from_output`: accepted counts per request and the step's time and token count feed the
   controller; finished requests are forgotten.
-Synchronous scheduling only (vLLM's CPU backend); under async scheduling drafts reach the runner
-directly and K stays fixed.
+Synchronous scheduling only (vLLM's CPU backend forces it); under async scheduling drafts reach the
+runner directly, so K stays fixed (warned at startup) and every request reserves K_max lookahead.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import time
 
 from peagle_vllm.depth import DepthController, DepthOptions
+from peagle_vllm.vllm_adapter import rollback_hook
 from peagle_vllm.vllm_adapter.config_hook import is_marked, mark_of
 
+logger = logging.getLogger("peagle_vllm")
 ATTR = "_peagle_depth"
+DRAFT_DEPTH_ATTR = "peagle_draft_depth"  # SchedulerOutput attribute: drafts any scheduled request may get
 
 
 def _wrap_init(original):
@@ -28,23 +38,69 @@ def _wrap_init(original):
         spec = vllm_config.speculative_config
         if spec is not None and is_marked(spec):
             opts = mark_of(spec)["options"]
-            if opts.get("adaptive", True):
+            if opts.get("adaptive", True) and self.scheduler_config.async_scheduling:
+                logger.warning("p_eagle: adaptive depth needs synchronous scheduling (drafts pass through the "
+                               "scheduler); with async scheduling K stays fixed at %d. Pass "
+                               "--no-async-scheduling for adaptive depth.", opts["num_speculative_tokens"])
+            elif opts.get("adaptive", True):
                 ctrl = DepthController(DepthOptions(max_k=opts["num_speculative_tokens"], min_k=opts.get("min_k", 0)))
                 setattr(self, ATTR, ctrl)
                 self._peagle_last_step = None
+                self._peagle_reserved: dict[str, int] = {}  # drafts whose lookahead is reserved
+                self._peagle_block_counts: dict[str, tuple[int, ...]] = {}  # released, for the worker
+                self.peagle_blocks_released = 0  # blocks handed back before their request ended
+                rollback_hook.reserve_own_lookahead(self, self._peagle_lookahead)
 
     return __init__
+
+
+def _lookahead(self, request) -> int:
+    """Draft-head slots to reserve for this request: K_max when seeded, else what the controller
+    may give it next (recorded, since its drafts are then capped at that)."""
+    ctrl: DepthController = getattr(self, ATTR)
+    k = ctrl.opt.max_k if self._peagle_seeded(request.request_id) else ctrl.reservation(request.request_id)
+    self._peagle_reserved[request.request_id] = k
+    return k
+
+
+def _wrap_schedule(original):
+    @functools.wraps(original)
+    def schedule(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        ctrl: DepthController | None = getattr(self, ATTR, None)
+        if ctrl is None:
+            return out
+        if self._peagle_block_counts:
+            setattr(out, rollback_hook.COUNTS_ATTR, self._peagle_block_counts)
+            self._peagle_block_counts = {}
+        reserved = [self._peagle_reserved.get(rid, ctrl.opt.max_k) for rid in out.num_scheduled_tokens]
+        setattr(out, DRAFT_DEPTH_ATTR, max(reserved, default=ctrl.opt.max_k))
+        return out
+
+    return schedule
 
 
 def _wrap_update_drafts(original):
     @functools.wraps(original)
     def update_draft_token_ids(self, draft_token_ids):
         ctrl: DepthController | None = getattr(self, ATTR, None)
-        if ctrl is not None and draft_token_ids.req_ids:
-            ks = ctrl.choose(list(draft_token_ids.req_ids))
-            draft_token_ids.draft_token_ids = [list(d) if self._peagle_seeded(rid) else list(d)[:k] for rid, d, k in
-                                               zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids, ks)]
-        return original(self, draft_token_ids)
+        if ctrl is None or not draft_token_ids.req_ids:
+            return original(self, draft_token_ids)
+        req_ids = list(draft_token_ids.req_ids)
+        ks = ctrl.choose(req_ids, [self._peagle_reserved.get(rid, ctrl.opt.max_k) for rid in req_ids])
+        draft_token_ids.draft_token_ids = [list(d) if self._peagle_seeded(rid) else list(d)[:k] for rid, d, k in
+                                           zip(req_ids, draft_token_ids.draft_token_ids, ks)]
+        out = original(self, draft_token_ids)
+        for rid in req_ids:
+            request = self.requests.get(rid)
+            if request is None or request.is_finished():
+                continue
+            lookahead = ctrl.opt.max_k if self._peagle_seeded(rid) else ctrl.reservation(rid)
+            released = rollback_hook.release_surplus(self, request, lookahead)
+            if released is not None:
+                self._peagle_block_counts[rid] = released[0]
+                self.peagle_blocks_released += released[1]
+        return out
 
     return update_draft_token_ids
 
@@ -73,6 +129,7 @@ def _wrap_update_from_output(original):
                     ctrl.observe(req_id, len(drafts), max(len(sampled[i]) - 1, 0))
             for req_id in scheduler_output.finished_req_ids:
                 ctrl.forget(req_id)
+                self._peagle_reserved.pop(req_id, None)
         out = original(self, scheduler_output, model_runner_output)
         if ctrl is not None and not self.requests:
             self._peagle_last_step = None  # idle time between requests is no step cost
@@ -82,14 +139,15 @@ def _wrap_update_from_output(original):
 
 
 def patch() -> None:
-    """Wraps the three Scheduler methods once."""
+    """Wraps the four Scheduler methods once."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
     if getattr(Scheduler.__init__, "__peagle_patched__", False):
         return
     Scheduler._peagle_seeded = _is_seeded
-    for name, wrap in (("__init__", _wrap_init), ("update_draft_token_ids", _wrap_update_drafts),
-                       ("update_from_output", _wrap_update_from_output)):
+    Scheduler._peagle_lookahead = _lookahead
+    for name, wrap in (("__init__", _wrap_init), ("schedule", _wrap_schedule),
+                       ("update_draft_token_ids", _wrap_update_drafts), ("update_from_output", _wrap_update_from_output)):
         wrapped = wrap(getattr(Scheduler, name))
         wrapped.__peagle_patched__ = True
         setattr(Scheduler, name, wrapped)

@@ -3,64 +3,26 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from peagle_vllm.runs import generate
+from peagle_vllm.server_process import ServerConfig, running_server, scrape_metrics
 
 PROMPT = "import os\nimport sys\n\n\ndef main():\n"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _server_env(trace: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    env.update(PEAGLE_VLLM_TRACE_FILE=str(trace), VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
-    return env
 
 
 @pytest.fixture(scope="module")
 def server(demo, tmp_path_factory):
     trace = tmp_path_factory.mktemp("trace") / "registered.txt"
-    port = _free_port()
-    spec = json.dumps({"method": "p_eagle", "model": str(demo["draft"]), "num_speculative_tokens": 8})
-    log = open(trace.parent / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "peagle_vllm.cli", "serve", str(demo["target"]), "--host", "127.0.0.1",
-                             "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
-                             "--served-model-name", "demo", "--speculative-config", spec],
-                            env=_server_env(trace), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 240
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail("server exited:\n" + (trace.parent / "server.log").read_text()[-3000:])
-        try:
-            if urllib.request.urlopen(base + "/health", timeout=2).status == 200:
-                break
-        except OSError:
-            time.sleep(1)
-    else:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail("server did not become healthy in 240 s")
-    yield {"base": base, "pid": proc.pid, "trace": trace, "log": trace.parent / "server.log"}
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-    log.close()
+    spec = {"method": "p_eagle", "model": str(demo["draft"]), "num_speculative_tokens": 8}
+    config = ServerConfig(demo["target"], trace.parent / "server.log", max_model_len=1024, speculative_config=spec,
+                          env={"PEAGLE_VLLM_TRACE_FILE": str(trace)})
+    with running_server(config) as srv:
+        yield {"base": srv.base_url, "pid": srv.pid, "trace": trace, "log": srv.log}
 
 
 @pytest.fixture(scope="module")
@@ -95,20 +57,9 @@ def test_chat_completion_and_chat_streaming(client) -> None:
     assert streamed == reply.choices[0].message.content
 
 
-def _scrape(server) -> dict[str, float]:
-    """Sum of each series' samples on /metrics (labels folded)."""
-    text = urllib.request.urlopen(server["base"] + "/metrics", timeout=10).read().decode()
-    totals: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name = line.split("{")[0].split(" ")[0]
-            totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[-1])
-    return totals
-
-
 def test_metrics_show_peagle_series_consistent_with_vllm_counters(client, server) -> None:
     client.completions.create(model="demo", prompt=PROMPT, max_tokens=32, temperature=0)
-    m = _scrape(server)
+    m = scrape_metrics(server["base"])
     assert m["vllm:spec_decode_num_drafts_total"] > 0 and m["vllm:spec_decode_num_accepted_tokens_total"] > 0
     assert m["peagle:accepted_tokens_per_position_total"] == m["vllm:spec_decode_num_accepted_tokens_total"]
     assert m["peagle:draft_tokens_per_position_total"] == m["vllm:spec_decode_num_draft_tokens_total"]

@@ -90,3 +90,34 @@ def test_new_request_that_starts_at_zero_is_still_probed() -> None:
     ctrl.cost.c1 = 10.0  # verification looks prohibitively expensive at first
     ks = [ctrl.choose(["fresh"])[0] for _ in range(8)]
     assert ks.count(0) >= 6 and max(ks) > 0
+
+
+def run_reserved(ctrl: DepthController, alpha: float, steps: int, c1: float = 0.01) -> tuple[list[int], list[int]]:
+    """Like `run`, but as the scheduler does it: reserve lookahead first, then choose within it."""
+    rng = np.random.default_rng(0)
+    reserved, ks = [], []
+    for _ in range(steps):
+        cap = ctrl.reservation("r")
+        (k,) = ctrl.choose(["r"], [cap])
+        accepted = 0
+        while accepted < k and rng.random() < alpha:
+            accepted += 1
+        ctrl.observe("r", k, accepted)
+        ctrl.observe_step(1 + k, 1.0 + c1 * (1 + k))
+        reserved.append(cap)
+        ks.append(k)
+    return reserved, ks
+
+
+def test_reservation_follows_the_requests_own_k_and_bounds_it() -> None:
+    ctrl = DepthController(DepthOptions(max_k=32, probe_every=8))
+    reserved, ks = run_reserved(ctrl, alpha=0.97, steps=120, c1=0.005)
+    assert all(k <= cap for k, cap in zip(ks, reserved))
+    assert all(b <= max(2 * a, 2) for a, b in zip(ks, ks[1:])), "K at most doubles per step"
+    assert np.mean(ks[-30:]) > 24 and reserved[-1] == 32
+    ctrl = DepthController(DepthOptions(max_k=16, probe_every=8))
+    run_reserved(ctrl, alpha=0.9, steps=150, c1=0.1)
+    reserved, ks = run_reserved(ctrl, alpha=0.0, steps=150, c1=0.1)
+    fallback = [cap for cap, k in zip(reserved[-60:], ks[-60:]) if k == 0]
+    assert len(fallback) > 45 and sum(cap == 0 for cap in fallback) > 40, "fallback reserves no lookahead"
+    assert max(reserved[-60:]) <= 4, "only probes (and the step after one) reserve, and little"
