@@ -54,15 +54,20 @@ def _measure(llm, prompts: list[str], concurrency: int, max_tokens: int, tempera
 
 
 def run_bench(models: Path, out_dir: Path, ks: list[int], concurrencies: list[int], temperatures: list[float],
-              max_tokens: int, modes: list[str] | None = None, adaptive_ks: list[int] | None = None) -> list[dict]:
+              max_tokens: int, modes: list[str] | None = None, adaptive_ks: list[int] | None = None,
+              interfaces: tuple[str, ...] = ("offline",)) -> list[dict]:
     """Every chosen mode at every K (adaptive modes at `adaptive_ks`, their K_max, when given),
-    concurrency and temperature; rows with raw figures and ratios."""
+    concurrency and temperature, offline (`LLM`) and/or served (HTTP streaming); rows with raw
+    figures and ratios."""
     from tqdm import tqdm
+
+    from peagle_vllm.bench_served import run_mode
 
     set_cpu_defaults()
     prompts = held_out_prompts(16, seed=1)
-    target = str(models / "demo-target")
+    target = models / "demo-target"
     chosen = [m for m in MODES if not modes or m.name in modes]
+
     def mode_ks(m: Mode) -> list[int]:
         if m.head is None:
             return [0]
@@ -70,17 +75,24 @@ def run_bench(models: Path, out_dir: Path, ks: list[int], concurrencies: list[in
 
     jobs = [(m, k) for m in chosen for k in mode_ks(m)]
     rows: list[dict] = []
-    bar = tqdm(total=len(jobs) * len(concurrencies) * len(temperatures), desc="bench")
-    for mode, k in jobs:
-        llm = make_llm(target, mode.spec(models, k), max_num_seqs=max(concurrencies))
-        llm.generate(prompts[:2], use_tqdm=False)  # warm-up
-        for temperature in temperatures:
-            for conc in concurrencies:
-                bar.set_postfix_str(f"{mode.name} K={k} c={conc} T={temperature}")
-                rows.append({"mode": mode.name, "k": k, "concurrency": conc, "temperature": temperature,
-                             **_measure(llm, prompts, conc, max_tokens, temperature)})
+    bar = tqdm(total=len(jobs) * len(concurrencies) * len(temperatures) * len(interfaces), desc="bench")
+    for interface in interfaces:
+        for mode, k in jobs:
+            def add(conc: int, temperature: float, figures: dict) -> None:
+                rows.append({"interface": interface, "mode": mode.name, "k": k, "concurrency": conc,
+                             "temperature": temperature, **figures})
+                bar.set_postfix_str(f"{interface} {mode.name} K={k} c={conc} T={temperature}")
                 bar.update()
-        close_llm(llm)
+
+            if interface == "served":
+                run_mode(target, mode.spec(models, k), prompts, concurrencies, temperatures, max_tokens, add)
+                continue
+            llm = make_llm(str(target), mode.spec(models, k), max_num_seqs=max(concurrencies))
+            llm.generate(prompts[:2], use_tqdm=False)  # warm-up
+            for temperature in temperatures:
+                for conc in concurrencies:
+                    add(conc, temperature, _measure(llm, prompts, conc, max_tokens, temperature))
+            close_llm(llm)
     bar.close()
     _add_ratios(rows)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -98,22 +110,32 @@ def _cpus() -> int:
     return len(os.sched_getaffinity(0))
 
 
+def _cell(r: dict) -> tuple:
+    """Rows compared with each other: same interface, concurrency and temperature."""
+    return r["interface"], r["concurrency"], r["temperature"]
+
+
 def _add_ratios(rows: list[dict]) -> None:
     """Each row's ratio to no speculation and to vLLM's built-in parallel drafting at ITS best K."""
     for r in rows:
-        same = [x for x in rows if x["concurrency"] == r["concurrency"] and x["temperature"] == r["temperature"]]
+        same = [x for x in rows if _cell(x) == _cell(r)]
         base = next((x["tokens_per_s"] for x in same if x["mode"] == "no-spec"), None)
         builtin = max((x["tokens_per_s"] for x in same if x["mode"] == "vllm-parallel"), default=None)
         r["vs_no_spec"] = round(r["tokens_per_s"] / base, 3) if base else None
         r["vs_vllm_parallel_best"] = round(r["tokens_per_s"] / builtin, 3) if builtin else None
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
 def markdown_table(rows: list[dict]) -> str:
-    head = ("| mode | K | conc. | T | tokens/s | acc. length | vs no-spec | vs vLLM parallel (best K) |\n"
-            "|---|---|---|---|---|---|---|---|\n")
+    head = ("| interface | mode | K | conc. | T | tokens/s | TTFT ms | TPOT ms | acc. length | vs no-spec "
+            "| vs vLLM parallel (best K) |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
     return head + "".join(
-        f"| {r['mode']} | {r['k'] or '-'} | {r['concurrency']} | {r['temperature']:g} | {r['tokens_per_s']:.1f} | "
-        f"{r['acceptance_length']:.2f} | {r['vs_no_spec'] or 0:.2f} | {r['vs_vllm_parallel_best'] or 0:.2f} |\n"
+        f"| {r['interface']} | {r['mode']} | {r['k'] or '-'} | {r['concurrency']} | {r['temperature']:g} | "
+        f"{r['tokens_per_s']:.1f} | {_ms(r.get('ttft_ms'))} | {_ms(r.get('tpot_ms'))} | {r['acceptance_length']:.2f} | "
+        f"{r['vs_no_spec'] or 0:.2f} | {r['vs_vllm_parallel_best'] or 0:.2f} |\n"
         for r in rows)
 
 
@@ -121,17 +143,18 @@ def adaptive_summary(rows: list[dict], fixed: str = "p_eagle-depth", adaptive: s
     """Per concurrency and temperature: adaptive depth against the best fixed K of the same head
     (found after the fact) and against no speculation. Empty when the run lacks either mode."""
     lines = []
-    for conc, temp in sorted({(r["concurrency"], r["temperature"]) for r in rows}):
-        same = [r for r in rows if r["concurrency"] == conc and r["temperature"] == temp]
+    for cell in sorted({_cell(r) for r in rows}):
+        same = [r for r in rows if _cell(r) == cell]
         best = max((r for r in same if r["mode"] == fixed), key=lambda r: r["tokens_per_s"], default=None)
         for r in (r for r in same if r["mode"] == adaptive and best is not None):
-            lines.append(f"| {conc} | {temp:g} | {r['k']} | {r['tokens_per_s']:.1f} | {best['k']} | "
+            lines.append(f"| {cell[0]} | {cell[1]} | {cell[2]:g} | {r['k']} | {r['tokens_per_s']:.1f} | {best['k']} | "
                          f"{best['tokens_per_s']:.1f} | {r['tokens_per_s'] / best['tokens_per_s']:.2f} | "
                          f"{r['vs_no_spec'] or 0:.2f} |")
     if not lines:
         return ""
-    return ("| conc. | T | adaptive K_max | adaptive tokens/s | best fixed K | its tokens/s | adaptive / best fixed "
-            "| adaptive / no-spec |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+    return ("| interface | conc. | T | adaptive K_max | adaptive tokens/s | best fixed K | its tokens/s "
+            "| adaptive / best fixed | adaptive / no-spec |\n|---|---|---|---|---|---|---|---|---|\n"
+            + "\n".join(lines) + "\n")
 
 
 def _plot(rows: list[dict], out_dir: Path) -> None:
@@ -143,18 +166,20 @@ def _plot(rows: list[dict], out_dir: Path) -> None:
     concs = sorted({r["concurrency"] for r in rows})
     fig, axes = plt.subplots(1, len(concs), figsize=(5 * len(concs), 4), squeeze=False)
     for ax, conc in zip(axes[0], concs):
-        for mode in {r["mode"] for r in rows if r["k"]}:
-            pts = sorted((r["k"], r["vs_no_spec"]) for r in rows
-                         if r["mode"] == mode and r["concurrency"] == conc and r["temperature"] == 0)
+        for interface, mode in sorted({(r["interface"], r["mode"]) for r in rows if r["k"]}):
+            pts = sorted((r["k"], r["vs_no_spec"]) for r in rows if r["mode"] == mode and r["interface"] == interface
+                         and r["concurrency"] == conc and r["temperature"] == 0)
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=mode)
+                ax.plot(*zip(*pts), marker="o", ls="--" if interface == "served" else "-",
+                        label=mode if interface == "offline" else f"{mode} (served)")
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xscale("log", base=2), ax.set_xlabel("K"), ax.set_ylabel("speedup vs no speculation")
         ax.set_title(f"concurrency {conc}, greedy"), ax.legend(fontsize=7)
     fig.tight_layout(), fig.savefig(out_dir / "speedup_vs_k.png", dpi=80), plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in rows:
-        if r["k"] == max(x["k"] for x in rows) and r["concurrency"] == concs[0] and r["temperature"] == 0:
+        if (r["k"] == max(x["k"] for x in rows) and r["concurrency"] == concs[0] and r["temperature"] == 0
+                and r["per_position"]):
             ax.plot(range(1, len(r["per_position"]) + 1), r["per_position"], marker=".", label=r["mode"])
     ax.set_xlabel("draft position"), ax.set_ylabel("acceptance rate"), ax.legend(fontsize=7)
     fig.tight_layout(), fig.savefig(out_dir / "per_position_acceptance.png", dpi=80), plt.close(fig)

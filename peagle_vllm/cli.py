@@ -138,7 +138,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
     concurrencies = args.concurrency or ([1, 16] if quick else [1, 4, 16, 64])
     temperatures = args.temperature or ([0.0] if quick else [0.0, 1.0])
     rows = run_bench(Path(args.models), Path(args.out), ks, concurrencies, temperatures,
-                     args.max_tokens or (64 if quick else 128), args.modes, args.adaptive_k)
+                     args.max_tokens or (64 if quick else 128), args.modes, args.adaptive_k,
+                     tuple(args.interface or (["offline"] if quick else ["offline", "served"])))
     print(markdown_table(rows))
     print(adaptive_summary(rows))
     print(f"written: {args.out}/bench.md, bench.json, speedup_vs_k.png, per_position_acceptance.png")
@@ -198,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--concurrency", type=int, nargs="*")
     b.add_argument("--temperature", type=float, nargs="*")
     b.add_argument("--max-tokens", type=int)
+    b.add_argument("--interface", nargs="*", choices=["offline", "served"],
+                   help="offline LLM and/or served HTTP streaming (default: both; --quick: offline)")
     b.add_argument("--adaptive-k", type=int, nargs="*", help="K_max of the adaptive mode (default: every --k)")
     b.add_argument("--modes", nargs="*", help="subset of: no-spec vllm-eagle3 vllm-parallel p_eagle-standard p_eagle-depth p_eagle-depth-adaptive")
     b.set_defaults(func=cmd_bench)

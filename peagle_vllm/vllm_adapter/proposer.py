@@ -30,7 +30,8 @@ class PEagleProposer(EagleProposer):
         super().__init__(vllm_config, device, runner=runner)
         self.method = "p_eagle"
         self._runner = runner
-        self.num_proposals = 0  # propose() calls, one per engine step with speculation
+        self.num_proposals = 0  # head forwards, one per engine step with speculation
+        self.num_skipped = 0  # steps in which every request was in fallback: no draft ran
         self._mask_states: torch.Tensor | None = None
         self.last_drafts: torch.Tensor | None = None  # [B, K] of the latest step, target ids
         self._bad_rows = torch.zeros((), dtype=torch.long, device=device)
@@ -78,9 +79,11 @@ class PEagleProposer(EagleProposer):
 
     def _draft_depth(self) -> int:
         """Drafts per request this step: under adaptive depth the most any scheduled request may
-        get (sent by the scheduler), else K. Depth 1 has no mask slots: plain EAGLE input."""
+        get (sent by the scheduler), else K. Depth 1 has no mask slots: plain EAGLE input. Depth 0:
+        every request is in fallback, no draft runs (the head's KV then has a gap at this step's
+        positions: later drafts may be worse, outputs never change)."""
         depth = getattr(self._runner, "peagle_draft_depth", None)
-        return self.num_speculative_tokens if depth is None else max(1, min(depth, self.num_speculative_tokens))
+        return self.num_speculative_tokens if depth is None else min(depth, self.num_speculative_tokens)
 
     @contextlib.contextmanager
     def _slot_layout(self, depth: int):
@@ -100,6 +103,9 @@ class PEagleProposer(EagleProposer):
         k = self._draft_depth()
         self._last_draft_probs = None
         batch_size = common_attn_metadata.batch_size()
+        if k == 0:
+            self.num_skipped += 1
+            return torch.zeros((batch_size, self.num_speculative_tokens), dtype=torch.long, device=self.device)
         # [num_tokens, 3*Ht] -> [num_tokens, H]
         target_hidden_states = self.model.combine_hidden_states(target_hidden_states)
         with self._slot_layout(k):

@@ -46,8 +46,9 @@ class PEagleRejectionSampler(RejectionSampler):
             logprobs_mode_override="processed_logits" if self.is_processed_logprobs_mode else "raw_logits")
         bonus = bonus_out.sampled_token_ids.view(-1).long()
         raw = logits[metadata.target_logits_indices].to(torch.float32)
-        processed = self.apply_logits_processors(raw if self.is_processed_logprobs_mode else raw.clone(),
-                                                 sampling_metadata, metadata)
+        # Processors edit in place; raw logits are needed again only for raw logprobs.
+        keep_raw = sampling_metadata.max_num_logprobs is not None and not self.is_processed_logprobs_mode
+        processed = self.apply_logits_processors(raw.clone() if keep_raw else raw, sampling_metadata, metadata)
         # [B, K] layout of the flat draft rows.
         num_draft = torch.tensor(metadata.num_draft_tokens, device=dev)
         starts = metadata.cu_num_draft_tokens.long() - num_draft

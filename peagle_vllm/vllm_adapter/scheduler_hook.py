@@ -7,11 +7,12 @@
   (`rollback_hook.release_surplus`). Seeded requests keep K_max so that the same seed gives the
   same output.
 - `schedule`: the block counts of released requests, and the most drafts any scheduled request may
-  get next, ride to the worker on the SchedulerOutput (the proposer drafts only that deep: a
-  batch in fallback costs one draft row per request, not K_max).
+  get next, ride to the worker on the SchedulerOutput (the proposer drafts only that deep; at 0,
+  a batch in fallback, no draft runs and the step costs what plain decoding costs).
 - The KV manager's allocate_slots reserves each request's draft-head lookahead for its own K.
-- `update_from_output`: accepted counts per request and the step's time and token count feed the
-  controller; finished requests are forgotten.
+- `update_from_output`: accepted counts per request and the step's time, token count and draft rows
+  feed the controller; finished requests are forgotten; every 10 s a `p_eagle depth:` line logs the
+  chosen-K distribution, fallbacks, the fitted draft cost and the blocks released early.
 Synchronous scheduling only (vLLM's CPU backend forces it); under async scheduling drafts reach the
 runner directly, so K stays fixed (warned at startup) and every request reserves K_max lookahead.
 """
@@ -28,6 +29,7 @@ from peagle_vllm.vllm_adapter.config_hook import is_marked, mark_of
 
 logger = logging.getLogger("peagle_vllm")
 ATTR = "_peagle_depth"
+LOG_EVERY_S = 10.0  # like vLLM's own periodic stats line
 DRAFT_DEPTH_ATTR = "peagle_draft_depth"  # SchedulerOutput attribute: drafts any scheduled request may get
 
 
@@ -46,6 +48,7 @@ def _wrap_init(original):
                 ctrl = DepthController(DepthOptions(max_k=opts["num_speculative_tokens"], min_k=opts.get("min_k", 0)))
                 setattr(self, ATTR, ctrl)
                 self._peagle_last_step = None
+                self._peagle_last_log = time.perf_counter()
                 self._peagle_reserved: dict[str, int] = {}  # drafts whose lookahead is reserved
                 self._peagle_block_counts: dict[str, tuple[int, ...]] = {}  # released, for the worker
                 self.peagle_blocks_released = 0  # blocks handed back before their request ended
@@ -119,8 +122,15 @@ def _wrap_update_from_output(original):
         if ctrl is not None:
             now = time.perf_counter()
             if self._peagle_last_step is not None and scheduler_output.total_num_scheduled_tokens:
-                ctrl.observe_step(scheduler_output.total_num_scheduled_tokens, now - self._peagle_last_step)
+                depth = getattr(scheduler_output, DRAFT_DEPTH_ATTR, ctrl.opt.max_k)
+                ctrl.observe_step(scheduler_output.total_num_scheduled_tokens,
+                                  depth * len(scheduler_output.num_scheduled_tokens), now - self._peagle_last_step)
             self._peagle_last_step = now
+            if now - self._peagle_last_log >= LOG_EVERY_S:
+                self._peagle_last_log = now
+                line = ctrl.summary()
+                if line:
+                    logger.info("p_eagle depth: %s; KV blocks released early: %d", line, self.peagle_blocks_released)
             index = model_runner_output.req_id_to_index
             sampled = model_runner_output.sampled_token_ids
             for req_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items():

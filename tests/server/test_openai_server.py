@@ -90,3 +90,15 @@ def test_bad_speculative_config_is_one_clear_line(demo) -> None:
     assert run.returncode == 2
     assert "Traceback" not in run.stderr
     assert run.stderr.strip().splitlines()[-1].startswith("peagle-vllm: error: speculative_config['model'] is missing")
+
+
+def test_served_benchmark_figures_come_from_real_streams(server) -> None:
+    """The served half of `peagle-vllm bench`: 3 concurrent streams of 16 tokens (ignore_eos), TTFT
+    below the whole latency, and the acceptance length read from the server's own counters."""
+    from peagle_vllm.bench_served import measure
+
+    fig = measure(server["base"], [PROMPT, "def f(x):\n"], 3, 16, 0.0)
+    assert fig["tokens_per_s"] == pytest.approx(3 * 16 / fig["seconds"])
+    assert 0 < fig["ttft_ms"] < 1e3 * fig["seconds"]
+    assert fig["tpot_ms"] > 0
+    assert fig["acceptance_length"] > 1.0

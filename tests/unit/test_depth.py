@@ -19,7 +19,7 @@ def run(ctrl: DepthController, alpha: float, steps: int, c0: float = 1.0, c1: fl
         while accepted < k and rng.random() < alpha:
             accepted += 1
         ctrl.observe(req, k, accepted)
-        ctrl.observe_step(1 + k, c0 + c1 * (1 + k))
+        ctrl.observe_step(1 + k, k, c0 + c1 * (1 + k))
         ks.append(k)
     return ks
 
@@ -63,11 +63,13 @@ def test_batch_shares_one_threshold_good_requests_get_deeper_drafts() -> None:
     assert good > bad
 
 
-def test_cost_model_fits_a_linear_step_time() -> None:
+def test_cost_model_separates_verification_draft_rows_and_the_draft_paths_overhead() -> None:
     model = CostModel()
-    for t in [10, 50, 100, 20, 80, 5, 60] * 5:
-        model.observe(t, 0.03 + 0.0004 * t)
-    assert abs(model.c0 - 0.03) < 1e-3 and abs(model.c1 - 0.0004) < 1e-5
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        tokens, rows = int(rng.integers(8, 200)), int(rng.choice([0, 8, 16, 64, 256]))
+        model.observe(tokens, rows, 0.03 + 0.0004 * tokens + 0.0001 * rows + 0.02 * (rows > 0))
+    assert model.c == pytest.approx([0.03, 0.0004, 0.0001, 0.02], rel=1e-3)
 
 
 def test_decision_cost_is_small() -> None:
@@ -87,7 +89,7 @@ def test_decision_cost_is_small() -> None:
 
 def test_new_request_that_starts_at_zero_is_still_probed() -> None:
     ctrl = DepthController(DepthOptions(max_k=8, probe_every=4))
-    ctrl.cost.c1 = 10.0  # verification looks prohibitively expensive at first
+    ctrl.cost.c[1] = 10.0  # verification looks prohibitively expensive at first
     ks = [ctrl.choose(["fresh"])[0] for _ in range(8)]
     assert ks.count(0) >= 6 and max(ks) > 0
 
@@ -103,7 +105,7 @@ def run_reserved(ctrl: DepthController, alpha: float, steps: int, c1: float = 0.
         while accepted < k and rng.random() < alpha:
             accepted += 1
         ctrl.observe("r", k, accepted)
-        ctrl.observe_step(1 + k, 1.0 + c1 * (1 + k))
+        ctrl.observe_step(1 + k, cap, 1.0 + c1 * (1 + k))
         reserved.append(cap)
         ks.append(k)
     return reserved, ks
@@ -121,3 +123,36 @@ def test_reservation_follows_the_requests_own_k_and_bounds_it() -> None:
     fallback = [cap for cap, k in zip(reserved[-60:], ks[-60:]) if k == 0]
     assert len(fallback) > 45 and sum(cap == 0 for cap in fallback) > 40, "fallback reserves no lookahead"
     assert max(reserved[-60:]) <= 4, "only probes (and the step after one) reserve, and little"
+
+
+def simulate(alpha: float, draft_overhead: float, steps: int = 600, batch: int = 8) -> float:
+    """Tokens per second of adaptive depth over a batch, as the engine runs it (reserve, draft at the
+    deepest reservation, choose within it), against a step cost of 1 + 0.02 T + draft_overhead
+    whenever a draft runs; divided by the tokens per second of plain decoding."""
+    ctrl = DepthController(DepthOptions(max_k=16))
+    rng = np.random.default_rng(0)
+    ids = [f"r{i}" for i in range(batch)]
+    ks = [0] * batch
+    emitted = seconds = 0.0
+    for _ in range(steps):
+        caps = [ctrl.reservation(r) for r in ids]
+        depth = max(caps)
+        accepted = [int(np.argmin(np.append(rng.random(k) < alpha, False))) for k in ks]
+        for r, k, a in zip(ids, ks, accepted):
+            ctrl.observe(r, k, a)
+        step = 1.0 + 0.02 * (batch + sum(ks)) + (draft_overhead if depth else 0.0)
+        ctrl.observe_step(batch + sum(ks), batch * depth, step)
+        emitted += batch + sum(accepted)
+        seconds += step
+        ks = ctrl.choose(ids, caps)
+    return (emitted / seconds) / (batch / (1.0 + 0.02 * batch))
+
+
+def test_falls_back_to_plain_decoding_when_the_draft_path_costs_more_than_it_gains() -> None:
+    """Acceptance 0.6 per position but running the draft costs a whole plain step: plain decoding wins
+    and adaptive depth must get there (probes and exploration cost a few percent at most)."""
+    assert simulate(alpha=0.6, draft_overhead=1.2) > 0.95
+
+
+def test_speculates_when_it_pays() -> None:
+    assert simulate(alpha=0.9, draft_overhead=0.05) > 1.5
