@@ -4,12 +4,14 @@ the measured cost of a step, maximising expected emitted tokens per unit of step
 Model. Request r accepts its i-th draft with probability P_r(i) = prod_{j<=i} a_r(j) (a: per-position
 conditional acceptance, estimated online with decay, shrunk towards the all-request prior). A step
 that verifies T tokens and drafts D rows (the head runs over B requests x the step's draft depth)
-costs c0 + c1 T + c2 D + c3 [D > 0]; c3 is what running the draft path at all costs (on a small
-target it can exceed a whole plain step). Emitted tokens are B + the sum of P over the drafts kept.
+costs s0 + s1 T + s2 D; a plain step (no draft) costs p0 + s1 T, and s0 - p0 is what running the
+draft path at all costs (on a small target it can exceed a whole plain step). Emitted tokens are B + the sum of P over the drafts kept.
 Since P_r(i) falls with i, the best set of drafts is the top-n values of P overall for some n: sort
 once, pick the n maximising (B + prefix sum) / cost(n), where n = 0 is a plain step (nothing
-verified, nothing drafted). Requests whose K is 0 fall back to plain decoding; when every request is
-there, no draft runs at all. Every `probe_every` steps requests at K=0 are probed with a short draft,
+verified, nothing drafted). The model can be biased (costs that are not linear, overheads it cannot
+see), so the measured speed (tokens per request-second) of recent speculative and plain steps has the
+last word: while speculation measures slower, every request is at K=0. Requests whose K is 0 fall
+back to plain decoding; when every request is there, no draft runs at all. Every `probe_every` steps requests at K=0 are probed with a short draft,
 and every `explore_every` steps a plain step is forced, so that both sides of the cost model stay
 measured.
 
@@ -43,6 +45,23 @@ class DepthOptions:
             raise ValueError(f"min_k must lie in 0..max_k ({self.max_k}), got {self.min_k}")
 
 
+@dataclass(frozen=True)
+class Step:
+    """One engine step as the scheduler saw it."""
+
+    tokens: int  # target tokens computed (scheduled)
+    draft_rows: int  # draft-head rows run (requests x draft depth; 0: no draft ran)
+    seconds: float
+    requests: int = 1  # requests in the batch
+    emitted: int = 0  # tokens the step produced (accepted drafts + one per request)
+    verified: int = 0  # drafts it verified
+
+    @property
+    def speed(self) -> float:
+        """Tokens per request per second."""
+        return self.emitted / (self.requests * self.seconds)
+
+
 @dataclass
 class _Stats:
     tries: np.ndarray
@@ -52,41 +71,40 @@ class _Stats:
 
 @dataclass
 class CostModel:
-    """Step seconds ~ c0 + c1 T + c2 D + c3 [D > 0] (T verified tokens, D draft rows), fitted online by
-    decayed least squares with a small ridge towards the current fit (steady when a feature barely
-    varies). Until a few steps are seen, and for directions never excited, the defaults hold."""
+    """Step seconds, fitted online, two ways. A step that runs the draft: s0 + s1 T + s2 D (decayed
+    least squares with a small ridge towards the current fit, steady when a feature barely varies).
+    A plain step (no draft): p0 + s1 T, sharing the target's per-token cost; p0 is a decayed mean over
+    plain steps only, so that it survives long stretches of speculation between two of them. Until a
+    plain step is seen, p0 is taken as s0 (the draft path assumed free: speculation is tried first)."""
 
-    c: np.ndarray = field(default_factory=lambda: np.array([1.0, 0.02, 0.0, 0.0]))
+    s: np.ndarray = field(default_factory=lambda: np.array([1e-2, 1e-4, 1e-5]))
+    p0: float | None = None
     decay: float = 0.98
+    plain_decay: float = 0.8
     ridge: float = 1e-6
-    _xx: np.ndarray = field(default_factory=lambda: np.zeros((4, 4)))
-    _xy: np.ndarray = field(default_factory=lambda: np.zeros(4))
+    _xx: np.ndarray = field(default_factory=lambda: np.zeros((3, 3)))
+    _xy: np.ndarray = field(default_factory=lambda: np.zeros(3))
+    _plain: np.ndarray = field(default_factory=lambda: np.zeros(2))  # decayed count, decayed sum of p0 samples
     seen: int = 0
 
-    @property
-    def c0(self) -> float:
-        return float(self.c[0])
-
-    @property
-    def c1(self) -> float:
-        return float(self.c[1])
-
     def observe(self, tokens: int, draft_rows: int, seconds: float) -> None:
-        x = np.array([1.0, tokens, draft_rows, 1.0 if draft_rows else 0.0])
+        if not draft_rows:
+            self._plain = self._plain * self.plain_decay + np.array([1.0, seconds - self.s[1] * tokens])
+            self.p0 = max(float(self._plain[1] / self._plain[0]), 0.0)
+            return
+        x = np.array([1.0, tokens, draft_rows])
         self._xx = self._xx * self.decay + np.outer(x, x)
         self._xy = self._xy * self.decay + x * seconds
         self.seen += 1
-        if self.seen < 4:
-            return
-        reg = self.ridge * np.diag(np.maximum(np.diag(self._xx), 1e-9))
-        fit = np.linalg.solve(self._xx + reg, self._xy + reg @ self.c)
-        self.c = np.maximum(fit, 0.0)
-        if self.c[0] <= 0:
-            self.c[0] = max(seconds, 1e-9)
+        if self.seen >= 3:
+            reg = self.ridge * np.diag(np.maximum(np.diag(self._xx), 1e-9))
+            self.s = np.maximum(np.linalg.solve(self._xx + reg, self._xy + reg @ self.s), 0.0)
 
     def seconds(self, tokens: np.ndarray, draft_rows: np.ndarray) -> np.ndarray:
-        """Predicted step time for each (tokens, draft rows) pair."""
-        return self.c[0] + self.c[1] * tokens + self.c[2] * draft_rows + self.c[3] * (draft_rows > 0)
+        """Predicted step time for each (tokens, draft rows) pair; 0 draft rows is a plain step."""
+        s0, s1, s2 = self.s
+        plain = s0 if self.p0 is None else self.p0
+        return np.where(draft_rows > 0, s0 + s2 * draft_rows, plain) + s1 * tokens
 
 
 class DepthController:
@@ -96,8 +114,8 @@ class DepthController:
         self.opt = options
         k = options.max_k
         self.requests: dict[str, _Stats] = {}
-        self.prior_tries = np.full(k, 1.0)
-        self.prior_hits = np.full(k, 0.5)
+        self.prior_tries = np.zeros(k)
+        self.prior_hits = np.zeros(k)
         self.cost = CostModel()
         self.typical_k = k  # largest K of the latest choice: what a new request may start from
         self.steps = 0  # choices made: the clock of probes and exploration
@@ -105,6 +123,8 @@ class DepthController:
         self.probe_interval = options.probe_every  # doubles after each probe that confirms the fallback
         self.next_probe = options.probe_every
         self.plain_next = False  # an exploration step was chosen: reserve nothing, so no draft runs
+        self.speed_plain: float | None = None  # tokens per request-second, recent plain steps
+        self.speed_spec: float | None = None  # and recent steps that verified drafts
         self.k_counts = np.zeros(k + 1, dtype=np.int64)  # chosen K per request per step, since the last summary
 
     def observe(self, req_id: str, num_draft: int, num_accepted: int) -> None:
@@ -129,22 +149,40 @@ class DepthController:
             s = self.requests[req_id] = _Stats(np.zeros(self.opt.max_k), np.zeros(self.opt.max_k))
         return s
 
-    def observe_step(self, tokens: int, draft_rows: int, seconds: float) -> None:
-        """One engine step: target tokens it computed, draft-head rows it ran (0: no draft), its time."""
-        self.cost.observe(tokens, draft_rows, seconds)
+    def observe_step(self, step: Step) -> None:
+        """One engine step: it fits the cost model, and the measured speed of plain steps (nothing
+        verified, no draft) and of speculative ones (drafts verified) decides between the two."""
+        self.cost.observe(step.tokens, step.draft_rows, step.seconds)
+        if step.seconds <= 0 or not step.emitted:
+            return
+        if not step.draft_rows and not step.verified:
+            self.speed_plain = step.speed if self.speed_plain is None else 0.5 * (self.speed_plain + step.speed)
+        elif step.verified:
+            self.speed_spec = step.speed if self.speed_spec is None else 0.5 * (self.speed_spec + step.speed)
 
     def forget(self, req_id: str) -> None:
         self.requests.pop(req_id, None)
 
     def _accept_curves(self, req_ids: list[str]) -> np.ndarray:
         """P_r(i) [B, K]: probability that request r's first i drafts are all accepted."""
-        prior = self.prior_hits / np.maximum(self.prior_tries, 1e-9)
+        prior = self._prior_rates()
         w = self.opt.prior_weight
         rows = []
         for rid in req_ids:
             s = self.requests.get(rid)
             rows.append(prior if s is None else (s.hits + w * prior) / (s.tries + w))
         return np.cumprod(np.clip(np.array(rows), 0.0, 1.0), axis=1)
+
+    def _prior_rates(self) -> np.ndarray:
+        """All-request conditional acceptance per position, each shrunk towards the position before
+        it: a position rarely tried (K has not reached it lately) is assumed to accept like the last
+        one measured, not like a stale start value, so K can still grow into it."""
+        rates = np.empty(self.opt.max_k)
+        before = 0.5
+        for j in range(self.opt.max_k):
+            before = rates[j] = (self.prior_hits[j] + self.opt.prior_weight * before) / (self.prior_tries[j] +
+                                                                                          self.opt.prior_weight)
+        return rates
 
     def reservation(self, req_id: str) -> int:
         """Most drafts this request may be given at its next choice (and lookahead to reserve for)."""
@@ -175,6 +213,8 @@ class DepthController:
         kmax = self.opt.max_k
         curves = self._accept_curves(req_ids)
         n, flat = self._best_draft_count(curves)
+        if self.speed_plain is not None and self.speed_spec is not None and self.speed_spec <= self.speed_plain:
+            n = 0  # measured: speculation is slower than plain decoding, whatever the model predicts
         if self.speculating and n == 0:  # entering fallback: the first probe comes one interval later
             self.next_probe = self.steps + self.probe_interval
         self.speculating = n > 0
@@ -207,11 +247,12 @@ class DepthController:
         if not total:
             return ""
         ks = np.arange(len(self.k_counts))
-        c = self.cost.c
+        (s0, s1, s2), p0 = self.cost.s, self.cost.p0
+        plain = "not measured yet" if p0 is None else f"{1e3 * p0:.2f} ms"
         line = (f"chosen K mean {float(ks @ self.k_counts) / total:.2f} (0: {self.k_counts[0] / total:.0%}, "
                 f"1-4: {self.k_counts[1:5].sum() / total:.0%}, 5-16: {self.k_counts[5:17].sum() / total:.0%}, "
                 f">16: {self.k_counts[17:].sum() / total:.0%}), {'speculating' if self.speculating else 'fallback'}; "
-                f"step cost {1e3 * c[0]:.2f} ms + {1e3 * c[1]:.3f} ms/token, draft {1e3 * c[3]:.2f} ms + "
-                f"{1e3 * c[2]:.4f} ms/row")
+                f"fitted step cost: plain {plain}, with the draft {1e3 * s0:.2f} ms + {1e3 * s2:.4f} ms/draft row, "
+                f"+ {1e3 * s1:.3f} ms/token")
         self.k_counts[:] = 0
         return line

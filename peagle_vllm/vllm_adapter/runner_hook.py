@@ -50,11 +50,23 @@ def _wrap_update_states(original):
     return _update_states
 
 
+def _wrap_input_fits(original):
+    @functools.wraps(original)
+    def _input_fits_in_drafter(self, *args, **kwargs):
+        """Depth 0 (every request in fallback): vLLM's own no-draft path, which skips the drafter's
+        input preparation as well as its forward."""
+        return getattr(self, "peagle_draft_depth", None) != 0 and original(self, *args, **kwargs)
+
+    return _input_fits_in_drafter
+
+
 def patch() -> None:
-    """Wraps GPUModelRunner.__init__ and _update_states once."""
+    """Wraps GPUModelRunner.__init__, _update_states and _input_fits_in_drafter once."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     if getattr(GPUModelRunner.__init__, "__peagle_patched__", False):
         return
     GPUModelRunner.__init__ = _wrap(GPUModelRunner.__init__)
     GPUModelRunner._update_states = _wrap_update_states(GPUModelRunner._update_states)
+    if hasattr(GPUModelRunner, "_input_fits_in_drafter"):  # else the proposer returns empty drafts itself
+        GPUModelRunner._input_fits_in_drafter = _wrap_input_fits(GPUModelRunner._input_fits_in_drafter)

@@ -23,12 +23,13 @@ import functools
 import logging
 import time
 
-from peagle_vllm.depth import DepthController, DepthOptions
+from peagle_vllm.depth import DepthController, DepthOptions, Step
 from peagle_vllm.vllm_adapter import rollback_hook
 from peagle_vllm.vllm_adapter.config_hook import is_marked, mark_of
 
 logger = logging.getLogger("peagle_vllm")
 ATTR = "_peagle_depth"
+SAMPLING_EPS = 1e-5  # vLLM's greedy threshold on temperature
 LOG_EVERY_S = 10.0  # like vLLM's own periodic stats line
 DRAFT_DEPTH_ATTR = "peagle_draft_depth"  # SchedulerOutput attribute: drafts any scheduled request may get
 
@@ -109,10 +110,20 @@ def _wrap_update_drafts(original):
 
 
 def _is_seeded(self, req_id: str) -> bool:
-    """Requests with a seed keep the full K: timing-driven depth would make their samples unrepeatable."""
+    """Sampled requests with a seed keep the full K: timing-driven depth would make their samples
+    unrepeatable (greedy outputs do not depend on K, so a seed there changes nothing)."""
     request = self.requests.get(req_id)
     params = getattr(request, "sampling_params", None)
-    return params is not None and params.seed is not None
+    return params is not None and params.seed is not None and params.temperature > SAMPLING_EPS
+
+
+def _step(scheduler_output, model_runner_output, seconds: float, max_k: int) -> Step:
+    """The controller's view of one finished engine step."""
+    requests = len(scheduler_output.num_scheduled_tokens)
+    return Step(tokens=scheduler_output.total_num_scheduled_tokens,
+                draft_rows=getattr(scheduler_output, DRAFT_DEPTH_ATTR, max_k) * requests, seconds=seconds,
+                requests=requests, emitted=sum(len(t) for t in model_runner_output.sampled_token_ids),
+                verified=sum(len(d) for d in scheduler_output.scheduled_spec_decode_tokens.values()))
 
 
 def _wrap_update_from_output(original):
@@ -122,9 +133,8 @@ def _wrap_update_from_output(original):
         if ctrl is not None:
             now = time.perf_counter()
             if self._peagle_last_step is not None and scheduler_output.total_num_scheduled_tokens:
-                depth = getattr(scheduler_output, DRAFT_DEPTH_ATTR, ctrl.opt.max_k)
-                ctrl.observe_step(scheduler_output.total_num_scheduled_tokens,
-                                  depth * len(scheduler_output.num_scheduled_tokens), now - self._peagle_last_step)
+                ctrl.observe_step(_step(scheduler_output, model_runner_output, now - self._peagle_last_step,
+                                        ctrl.opt.max_k))
             self._peagle_last_step = now
             if now - self._peagle_last_log >= LOG_EVERY_S:
                 self._peagle_last_log = now

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from peagle_vllm.depth import CostModel, DepthController, DepthOptions
+from peagle_vllm.depth import CostModel, DepthController, DepthOptions, Step
 
 
 def run(ctrl: DepthController, alpha: float, steps: int, c0: float = 1.0, c1: float = 0.01,
@@ -19,7 +19,7 @@ def run(ctrl: DepthController, alpha: float, steps: int, c0: float = 1.0, c1: fl
         while accepted < k and rng.random() < alpha:
             accepted += 1
         ctrl.observe(req, k, accepted)
-        ctrl.observe_step(1 + k, k, c0 + c1 * (1 + k))
+        ctrl.observe_step(Step(1 + k, k, c0 + c1 * (1 + k), 1, 1 + accepted, k))
         ks.append(k)
     return ks
 
@@ -69,7 +69,9 @@ def test_cost_model_separates_verification_draft_rows_and_the_draft_paths_overhe
     for _ in range(300):
         tokens, rows = int(rng.integers(8, 200)), int(rng.choice([0, 8, 16, 64, 256]))
         model.observe(tokens, rows, 0.03 + 0.0004 * tokens + 0.0001 * rows + 0.02 * (rows > 0))
-    assert model.c == pytest.approx([0.03, 0.0004, 0.0001, 0.02], rel=1e-3)
+    assert model.s == pytest.approx([0.05, 0.0004, 0.0001], rel=1e-3)
+    assert model.p0 == pytest.approx(0.03, rel=1e-3)
+    assert model.seconds(np.array([100, 100]), np.array([0, 64])) == pytest.approx([0.07, 0.0964], rel=1e-3)
 
 
 def test_decision_cost_is_small() -> None:
@@ -89,7 +91,7 @@ def test_decision_cost_is_small() -> None:
 
 def test_new_request_that_starts_at_zero_is_still_probed() -> None:
     ctrl = DepthController(DepthOptions(max_k=8, probe_every=4))
-    ctrl.cost.c[1] = 10.0  # verification looks prohibitively expensive at first
+    ctrl.cost.s[1] = 10.0  # verification looks prohibitively expensive at first
     ks = [ctrl.choose(["fresh"])[0] for _ in range(8)]
     assert ks.count(0) >= 6 and max(ks) > 0
 
@@ -105,7 +107,7 @@ def run_reserved(ctrl: DepthController, alpha: float, steps: int, c1: float = 0.
         while accepted < k and rng.random() < alpha:
             accepted += 1
         ctrl.observe("r", k, accepted)
-        ctrl.observe_step(1 + k, cap, 1.0 + c1 * (1 + k))
+        ctrl.observe_step(Step(1 + k, cap, 1.0 + c1 * (1 + k), 1, 1 + accepted, k))
         reserved.append(cap)
         ks.append(k)
     return reserved, ks
@@ -141,7 +143,7 @@ def simulate(alpha: float, draft_overhead: float, steps: int = 600, batch: int =
         for r, k, a in zip(ids, ks, accepted):
             ctrl.observe(r, k, a)
         step = 1.0 + 0.02 * (batch + sum(ks)) + (draft_overhead if depth else 0.0)
-        ctrl.observe_step(batch + sum(ks), batch * depth, step)
+        ctrl.observe_step(Step(batch + sum(ks), batch * depth, step, batch, batch + sum(accepted), sum(ks)))
         emitted += batch + sum(accepted)
         seconds += step
         ks = ctrl.choose(ids, caps)
