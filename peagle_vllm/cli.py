@@ -202,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--interface", nargs="*", choices=["offline", "served"],
                    help="offline LLM and/or served HTTP streaming (default: both; --quick: offline)")
     b.add_argument("--adaptive-k", type=int, nargs="*", help="K_max of the adaptive mode (default: every --k)")
-    b.add_argument("--modes", nargs="*", help="subset of: no-spec vllm-eagle3 vllm-parallel p_eagle-standard p_eagle-depth p_eagle-depth-adaptive")
+    b.add_argument("--modes", nargs="*", help="subset of: no-spec vllm-eagle3 vllm-parallel p_eagle-standard "
+                   "p_eagle-depth p_eagle-depth-adaptive")
     b.set_defaults(func=cmd_bench)
 
     sub.add_parser("serve", help="vLLM's OpenAI server with the plugin: peagle-vllm serve TARGET [vllm flags]",

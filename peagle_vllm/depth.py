@@ -5,15 +5,16 @@ Model. Request r accepts its i-th draft with probability P_r(i) = prod_{j<=i} a_
 conditional acceptance, estimated online with decay, shrunk towards the all-request prior). A step
 that verifies T tokens and drafts D rows (the head runs over B requests x the step's draft depth)
 costs s0 + s1 T + s2 D; a plain step (no draft) costs p0 + s1 T, and s0 - p0 is what running the
-draft path at all costs (on a small target it can exceed a whole plain step). Emitted tokens are B + the sum of P over the drafts kept.
-Since P_r(i) falls with i, the best set of drafts is the top-n values of P overall for some n: sort
-once, pick the n maximising (B + prefix sum) / cost(n), where n = 0 is a plain step (nothing
-verified, nothing drafted). The model can be biased (costs that are not linear, overheads it cannot
-see), so the measured speed (tokens per request-second) of recent speculative and plain steps has the
-last word: while speculation measures slower, every request is at K=0. Requests whose K is 0 fall
-back to plain decoding; when every request is there, no draft runs at all. Every `probe_every` steps requests at K=0 are probed with a short draft,
-and every `explore_every` steps a plain step is forced, so that both sides of the cost model stay
-measured.
+draft path at all costs (on a small target it can exceed a whole plain step). Emitted tokens are
+B + the sum of P over the drafts kept. Since P_r(i) falls with i, the best set of drafts is the
+top-n values of P overall for some n: sort once, pick the n maximising (B + prefix sum) / cost(n),
+where n = 0 is a plain step (nothing verified, nothing drafted). The model can be biased (costs that
+are not linear, overheads it cannot see), so the measured speed (tokens per request-second) of
+recent speculative and plain steps has the last word: while speculation measures slower, every
+request is at K=0. Requests whose K is 0 fall back to plain decoding; when every request is there,
+no draft runs at all. Probes: requests at K=0 get a short draft again after `probe_every` steps (the
+interval doubles, up to 16x, while fallback keeps winning); and every `explore_every` steps of
+speculation a plain step is forced, so that both sides of the cost model stay measured.
 
 KV lookahead follows each request's own K: `reservation` says how many drafts a request may get at
 its next choice (at most twice its last K, so K can grow step by step; 0 in fallback until a probe),

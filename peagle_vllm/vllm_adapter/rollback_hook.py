@@ -11,9 +11,10 @@ are overwritten before they are read (DESIGN.md). What this module adds:
   new blocks are appended, and `poison_stale_kv` (only with PEAGLE_VLLM_POISON_STALE_KV set, a
   verification aid used by the tests) writes a huge value into every stale slot before each step,
   so that any read of a rejected token's KV would change the output (not NaN: the CPU kernel
-  multiplies a whole block, masked positions included, by their zero weights, and 0 * NaN = NaN). Set to "1" it poisons exactly the
-  stale slots; set to "control" it also poisons each request's last committed token, which
-  attention does read: the test's proof that the poison reaches what a step reads.
+  multiplies a whole block, masked positions included, by their zero weights, and 0 * NaN = NaN).
+  Set to "1" it poisons exactly the stale slots; set to "control" it also poisons each request's
+  last committed token, which attention does read: the test's proof that the poison reaches what a
+  step reads.
 """
 
 from __future__ import annotations

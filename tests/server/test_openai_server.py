@@ -18,7 +18,8 @@ PROMPT = "import os\nimport sys\n\n\ndef main():\n"
 @pytest.fixture(scope="module")
 def server(demo, tmp_path_factory):
     trace = tmp_path_factory.mktemp("trace") / "registered.txt"
-    spec = {"method": "p_eagle", "model": str(demo["draft"]), "num_speculative_tokens": 8}
+    # fixed K: these tests need speculative steps to happen (adaptive depth is served in test_load.py)
+    spec = {"method": "p_eagle", "model": str(demo["draft"]), "num_speculative_tokens": 8, "adaptive": False}
     config = ServerConfig(demo["target"], trace.parent / "server.log", max_model_len=1024, speculative_config=spec,
                           env={"PEAGLE_VLLM_TRACE_FILE": str(trace)})
     with running_server(config) as srv:
