@@ -24,11 +24,6 @@ def next_step_tokens(num_computed: int, num_drafts: int, lookahead: int) -> int:
     return num_computed + 1 + num_drafts + lookahead
 
 
-def surplus_blocks(held: int, num_computed: int, num_drafts: int, lookahead: int, block_size: int) -> int:
-    """Tail blocks a request holds that its next step will not touch (0 if none)."""
-    return max(0, held - blocks_for(next_step_tokens(num_computed, num_drafts, lookahead), block_size))
-
-
 def beyond_capacity(positions: torch.Tensor, tokens_per_request: torch.Tensor, capacity: torch.Tensor) -> torch.Tensor:
     """[num_tokens] bool: token t of a flattened batch sits at a position its request holds no slot
     for (requests laid out back to back, `tokens_per_request[r]` tokens each; `capacity[r]` slots).

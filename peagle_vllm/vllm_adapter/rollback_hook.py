@@ -45,7 +45,7 @@ def reserve_own_lookahead(scheduler, lookahead_for) -> None:
     manager.allocate_slots = allocate_slots
 
 
-def _trimmable_managers(scheduler) -> list:
+def trimmable_managers(scheduler) -> list:
     """Full-attention group managers (tail blocks of those hold no state beyond the tokens);
     empty when any group is of another kind (sliding window, Mamba...): then nothing is trimmed."""
     from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
@@ -54,10 +54,10 @@ def _trimmable_managers(scheduler) -> list:
     return managers if all(type(m) is FullAttentionManager for m in managers) else []
 
 
-def release_surplus(scheduler, request, lookahead: int) -> tuple[tuple[int, ...], int] | None:
+def release_surplus(managers: list, request, lookahead: int) -> tuple[tuple[int, ...], int] | None:
     """Frees the request's tail blocks beyond its next step's needs (committed tokens + bonus +
-    its drafts + `lookahead`); returns (blocks kept per KV group, blocks freed) when any were."""
-    managers = _trimmable_managers(scheduler)
+    its drafts + `lookahead`) in `managers` (from trimmable_managers); returns (blocks kept per KV
+    group, blocks freed) when any were."""
     needed = next_step_tokens(request.num_computed_tokens, len(request.spec_token_ids), lookahead)
     kept, freed = [], 0
     for manager in managers:

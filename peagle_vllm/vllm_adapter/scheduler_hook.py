@@ -53,6 +53,7 @@ def _wrap_init(original):
                 self._peagle_reserved: dict[str, int] = {}  # drafts whose lookahead is reserved
                 self._peagle_block_counts: dict[str, tuple[int, ...]] = {}  # released, for the worker
                 self.peagle_blocks_released = 0  # blocks handed back before their request ended
+                self._peagle_trimmable = rollback_hook.trimmable_managers(self)  # fixed for the engine's life
                 rollback_hook.reserve_own_lookahead(self, self._peagle_lookahead)
 
     return __init__
@@ -100,7 +101,7 @@ def _wrap_update_drafts(original):
             if request is None or request.is_finished():
                 continue
             lookahead = ctrl.opt.max_k if self._peagle_seeded(rid) else ctrl.reservation(rid)
-            released = rollback_hook.release_surplus(self, request, lookahead)
+            released = rollback_hook.release_surplus(self._peagle_trimmable, request, lookahead)
             if released is not None:
                 self._peagle_block_counts[rid] = released[0]
                 self.peagle_blocks_released += released[1]
