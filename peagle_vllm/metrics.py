@@ -1,11 +1,12 @@
 """Acceptance figures operators watch, from each engine step's spec-decode counts (plain Python):
 per-step acceptance length, drafted tokens per request, per-position counts, and the block
-acceptance rate over the last WINDOW steps with a health warning when it stays low."""
+acceptance rate over the last WINDOW steps with a health warning when it stays low; and the
+engine-side figures (chosen K, fallbacks, draft time) carried from the engine core to the front end."""
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 WINDOW = 20
 
@@ -42,3 +43,51 @@ class AcceptanceMonitor:
                        "lower num_speculative_tokens)")
         self._low = full and rate < self.warn_below
         return StepFigures(1.0 + num_accepted / num_drafts, num_draft_tokens / num_drafts, rate, warning)
+
+
+ENGINE_PREFIX = "peagle:"  # keys of engine-side figures inside the stats message's dict
+
+
+@dataclass
+class EngineFigures:
+    """Figures only the engine core knows (the K chosen per request, steps in fallback, draft forward
+    time), summed per step and drained into vLLM's per-step stats message for the front end. Whole
+    numbers only: the message's dict that carries them is typed dict[str, int]."""
+
+    chosen_k: dict[int, int] = field(default_factory=dict)  # K -> request-steps given that K
+    steps_without_draft: int = 0  # every scheduled request in fallback: the head did not run
+    draft_forwards: int = 0
+    draft_us: int = 0  # draft forward time, microseconds
+
+    def add_choices(self, ks: list[int]) -> None:
+        for k in ks:
+            self.chosen_k[k] = self.chosen_k.get(k, 0) + 1
+
+    def add_draft(self, forwards: int, seconds: float) -> None:
+        self.draft_forwards += forwards
+        self.draft_us += round(1e6 * seconds)
+
+    def drain(self) -> dict[str, int]:
+        """The figures since the last drain as `peagle:`-prefixed keys (empty when nothing happened); resets."""
+        out = {f"{ENGINE_PREFIX}k={k}": n for k, n in sorted(self.chosen_k.items())}
+        for name in ("steps_without_draft", "draft_forwards", "draft_us"):
+            if value := getattr(self, name):
+                out[ENGINE_PREFIX + name] = value
+        self.chosen_k, self.steps_without_draft, self.draft_forwards, self.draft_us = {}, 0, 0, 0
+        return out
+
+    @classmethod
+    def take_from(cls, carrier: dict[str, int]) -> EngineFigures | None:
+        """Removes our keys from `carrier` (vLLM's own readers must never see them) and rebuilds the
+        figures; None when it held none."""
+        ours = {key: carrier.pop(key) for key in [k for k in carrier if k.startswith(ENGINE_PREFIX)]}
+        if not ours:
+            return None
+        fig = cls()
+        for key, value in ours.items():
+            name = key.removeprefix(ENGINE_PREFIX)
+            if name.startswith("k="):
+                fig.chosen_k[int(name[2:])] = value
+            else:
+                setattr(fig, name, value)
+        return fig

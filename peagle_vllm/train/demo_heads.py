@@ -11,7 +11,7 @@ from pathlib import Path
 from peagle_vllm.train.trainer import TrainRecipe, train
 
 # name -> (variant, steps of each phase)
-HEADS = {"demo-peagle-depth": ("depth", [500, 1200]), "demo-peagle-standard": ("standard", [500]),
+HEADS = {"demo-peagle-depth": ("depth", [500, 1200, 3000]), "demo-peagle-standard": ("standard", [500]),
          "demo-eagle3": ("eagle3", [500])}
 DEMO_RECIPE = dict(k=32, batch_size=8, seq_len=128, lr=3e-3, draft_vocab=2048, aux_layer_ids=[1, 2, 3],
                    self_distill=True, distill_pool=2048)

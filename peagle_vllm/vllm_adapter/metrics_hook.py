@@ -1,7 +1,9 @@
 """`peagle:` Prometheus series (and a periodic log line) beside vLLM's own spec-decode counters, fed from the same per-step
 SpecDecodingStats in the front end (hook on vllm/v1/spec_decode/metrics.py `SpecDecodingProm`), so the
 two always agree. They appear on the server's /metrics and in `LLM.get_metrics()` (hook on
-vllm/v1/engine/llm_engine.py `get_metrics_snapshot`, which keeps only `vllm:` names)."""
+vllm/v1/engine/llm_engine.py `get_metrics_snapshot`, which keeps only `vllm:` names). The figures only
+the engine core knows (chosen K, fallbacks, draft time) arrive inside SchedulerStats (see
+scheduler_hook.make_stats) and are taken out in `StatLoggerManager.record`, before vLLM's loggers."""
 
 from __future__ import annotations
 
@@ -10,12 +12,14 @@ import logging
 
 import prometheus_client
 
-from peagle_vllm.metrics import AcceptanceMonitor
+from peagle_vllm.metrics import AcceptanceMonitor, EngineFigures
 from peagle_vllm.vllm_adapter.config_hook import is_marked, mark_of
+from peagle_vllm.vllm_adapter.scheduler_hook import CARRIER_FIELD
 
 PREFIX = "peagle:"
 logger = logging.getLogger("peagle_vllm")
 _series: dict[str, object] = {}
+_since_log = EngineFigures()  # engine figures received since the last periodic log line
 
 
 def _metrics() -> dict[str, object]:
@@ -35,6 +39,15 @@ def _metrics() -> dict[str, object]:
                 "peagle:draft_tokens_per_position", "Verified drafts per position.", ["position"]),
             window_rate=prometheus_client.Gauge(
                 "peagle:block_acceptance_rate_window", "Accepted / drafted tokens over the last 20 steps."),
+            chosen_k=prometheus_client.Counter(
+                "peagle:chosen_k", "Requests per engine step given each K (adaptive depth; 0: plain decoding).", ["k"]),
+            fallbacks=prometheus_client.Counter(
+                "peagle:fallback_request_steps", "Requests per engine step in fallback (K=0: plain decoding)."),
+            steps_without_draft=prometheus_client.Counter(
+                "peagle:steps_without_draft", "Engine steps with every request in fallback: the head did not run."),
+            draft_seconds=prometheus_client.Histogram(
+                "peagle:draft_forward_seconds", "Time of each draft: inputs, one head forward, sampling.",
+                buckets=[1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0]),
         )
     return _series
 
@@ -76,6 +89,45 @@ def _wrap_observe(original):
     return observe
 
 
+def _observe_engine_figures(fig: EngineFigures) -> None:
+    m = _metrics()
+    for k, n in fig.chosen_k.items():
+        m["chosen_k"].labels(str(k)).inc(n)
+    m["fallbacks"].inc(fig.chosen_k.get(0, 0))
+    m["steps_without_draft"].inc(fig.steps_without_draft)
+    for _ in range(fig.draft_forwards):  # one forward per step: the mean of the step is each one's time
+        m["draft_seconds"].observe(fig.draft_us / fig.draft_forwards / 1e6)
+    _since_log.add_choices([k for k, n in fig.chosen_k.items() for _ in range(n)])
+    _since_log.steps_without_draft += fig.steps_without_draft
+    _since_log.add_draft(fig.draft_forwards, fig.draft_us / 1e6)
+
+
+def _wrap_record(original):
+    @functools.wraps(original)
+    def record(self, scheduler_stats, *args, **kwargs):
+        carrier = getattr(scheduler_stats, CARRIER_FIELD, None)
+        fig = EngineFigures.take_from(carrier) if isinstance(carrier, dict) else None
+        if fig is not None:
+            _observe_engine_figures(fig)
+        return original(self, scheduler_stats, *args, **kwargs)
+
+    return record
+
+
+def _engine_line() -> str:
+    """Chosen K, fallbacks and draft time since the last line (then reset); empty when none came."""
+    fig = _since_log
+    chosen = sum(fig.chosen_k.values())
+    if not chosen and not fig.draft_forwards:
+        return ""
+    mean_k = sum(k * n for k, n in fig.chosen_k.items()) / max(chosen, 1)
+    line = (f", chosen K mean {mean_k:.2f} ({fig.chosen_k.get(0, 0) / max(chosen, 1):.0%} in fallback), "
+            f"steps without a draft: {fig.steps_without_draft}, draft time "
+            f"{fig.draft_us / 1e3 / max(fig.draft_forwards, 1):.2f} ms x {fig.draft_forwards}")
+    fig.drain()
+    return line
+
+
 def _wrap_log(original):
     @functools.wraps(original)
     def log(self, log_fn=None, *args, **kwargs):
@@ -88,8 +140,8 @@ def _wrap_log(original):
             original(self, log_fn, *args, **kwargs)
         if _series and drafts:
             (log_fn or logger.info)(
-                "p_eagle metrics: block acceptance over the last 20 steps: %.1f%%, mean verified K per request: %.2f",
-                100 * _series["window_rate"]._value.get(), drafted / drafts)
+                "p_eagle metrics: block acceptance over the last 20 steps: %.1f%%, mean verified K per request: %.2f%s",
+                100 * _series["window_rate"]._value.get(), drafted / drafts, _engine_line())
 
     return log
 
@@ -121,8 +173,10 @@ def _with_peagle_series(original):
 
 
 def patch() -> None:
-    """Wraps SpecDecodingProm.__init__/observe, SpecDecodingLogging.log and LLMEngine's get_metrics_snapshot once."""
+    """Wraps SpecDecodingProm.__init__/observe, SpecDecodingLogging.log, StatLoggerManager.record and
+    LLMEngine's get_metrics_snapshot once."""
     from vllm.v1.engine import llm_engine
+    from vllm.v1.metrics.loggers import StatLoggerManager
     from vllm.v1.spec_decode.metrics import SpecDecodingLogging, SpecDecodingProm
 
     if getattr(SpecDecodingProm.observe, "__peagle_patched__", False):
@@ -131,4 +185,5 @@ def patch() -> None:
     SpecDecodingProm.observe = _wrap_observe(SpecDecodingProm.observe)
     SpecDecodingProm.observe.__peagle_patched__ = True
     SpecDecodingLogging.log = _wrap_log(SpecDecodingLogging.log)
+    StatLoggerManager.record = _wrap_record(StatLoggerManager.record)
     llm_engine.get_metrics_snapshot = _with_peagle_series(llm_engine.get_metrics_snapshot)

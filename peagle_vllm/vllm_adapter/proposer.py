@@ -18,6 +18,7 @@ from vllm.v1.spec_decode.utils import PADDING_SLOT_ID
 
 from peagle_vllm.proposer import sample_drafts
 from peagle_vllm.rollback import beyond_capacity
+from peagle_vllm.timing import SectionTimer
 from peagle_vllm.vllm_adapter.draft_model import PEagleDraftModel
 
 logger = logging.getLogger("peagle_vllm")
@@ -36,6 +37,7 @@ class PEagleProposer(EagleProposer):
         self.last_drafts: torch.Tensor | None = None  # [B, K] of the latest step, target ids
         self._bad_rows = torch.zeros((), dtype=torch.long, device=device)
         self._warned_bad = False
+        self.draft_timer = SectionTimer(device)  # time of each draft (inputs, head forward, sampling)
 
     def load_model(self, target_model: torch.nn.Module) -> None:
         """Loads our head (vLLM's loader), then caches fc(mask_hidden) for the mask slots.
@@ -106,6 +108,18 @@ class PEagleProposer(EagleProposer):
         if k == 0:
             self.num_skipped += 1
             return torch.zeros((batch_size, self.num_speculative_tokens), dtype=torch.long, device=self.device)
+        with self.draft_timer.section():
+            drafts = self._draft(k, target_token_ids, target_positions, target_hidden_states, next_token_ids,
+                                 token_indices_to_sample, common_attn_metadata, sampling_metadata,
+                                 num_rejected_tokens_gpu)
+        # vLLM's buffers are [B, K]: columns past this step's depth are never scheduled (capped).
+        return torch.nn.functional.pad(drafts, (0, self.num_speculative_tokens - k))
+
+    def _draft(self, k: int, target_token_ids, target_positions, target_hidden_states, next_token_ids,
+               token_indices_to_sample, common_attn_metadata, sampling_metadata,
+               num_rejected_tokens_gpu) -> torch.Tensor:
+        """[B, k] drafts from one head forward over [context ; k-1 mask slots]."""
+        batch_size = common_attn_metadata.batch_size()
         # [num_tokens, 3*Ht] -> [num_tokens, H]
         target_hidden_states = self.model.combine_hidden_states(target_hidden_states)
         with self._slot_layout(k):
@@ -134,5 +148,4 @@ class PEagleProposer(EagleProposer):
                                       sampling_metadata.generators, self.model.cfg.vocab_size)
         self._last_draft_probs = probs
         self.last_drafts = drafts
-        # vLLM's buffers are [B, K]: columns past this step's depth are never scheduled (capped).
-        return torch.nn.functional.pad(drafts, (0, self.num_speculative_tokens - k))
+        return drafts

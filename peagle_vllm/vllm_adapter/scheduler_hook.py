@@ -13,6 +13,9 @@
 - `update_from_output`: accepted counts per request and the step's time, token count and draft rows
   feed the controller; finished requests are forgotten; every 10 s a `p_eagle depth:` line logs the
   chosen-K distribution, fallbacks, the fitted draft cost and the blocks released early.
+- `make_stats`: the K chosen per request, steps without a draft and the draft time measured in the
+  worker ride to the front end in vLLM's per-step SchedulerStats (`metrics_hook` takes them out
+  again before vLLM's loggers read it), for any p_eagle scheduler, fixed K included.
 Synchronous scheduling only (vLLM's CPU backend forces it); under async scheduling drafts reach the
 runner directly, so K stays fixed (warned at startup) and every request reserves K_max lookahead.
 """
@@ -24,6 +27,7 @@ import logging
 import time
 
 from peagle_vllm.depth import DepthController, DepthOptions, Step
+from peagle_vllm.metrics import EngineFigures
 from peagle_vllm.vllm_adapter import rollback_hook
 from peagle_vllm.vllm_adapter.config_hook import is_marked, mark_of
 
@@ -32,6 +36,10 @@ ATTR = "_peagle_depth"
 SAMPLING_EPS = 1e-5  # vLLM's greedy threshold on temperature
 LOG_EVERY_S = 10.0  # like vLLM's own periodic stats line
 DRAFT_DEPTH_ATTR = "peagle_draft_depth"  # SchedulerOutput attribute: drafts any scheduled request may get
+DRAFT_TIME_ATTR = "peagle_draft_time"  # ModelRunnerOutput attribute: (draft runs, seconds) of the step
+FIGURES_ATTR = "_peagle_figures"
+# SchedulerStats' one dict[str, int] field: it carries our figures (under `peagle:` keys) to the front end
+CARRIER_FIELD = "num_kv_fetch_reqs_by_stage"
 
 
 def _wrap_init(original):
@@ -41,6 +49,7 @@ def _wrap_init(original):
         spec = vllm_config.speculative_config
         if spec is not None and is_marked(spec):
             opts = mark_of(spec)["options"]
+            setattr(self, FIGURES_ATTR, EngineFigures())
             if opts.get("adaptive", True) and self.scheduler_config.async_scheduling:
                 logger.warning("p_eagle: adaptive depth needs synchronous scheduling (drafts pass through the "
                                "scheduler); with async scheduling K stays fixed at %d. Pass "
@@ -89,12 +98,16 @@ def _wrap_update_drafts(original):
     @functools.wraps(original)
     def update_draft_token_ids(self, draft_token_ids):
         ctrl: DepthController | None = getattr(self, ATTR, None)
+        figures: EngineFigures | None = getattr(self, FIGURES_ATTR, None)
         if ctrl is None or not draft_token_ids.req_ids:
+            if figures is not None and draft_token_ids.req_ids:
+                figures.add_choices([len(d) for d in draft_token_ids.draft_token_ids])
             return original(self, draft_token_ids)
         req_ids = list(draft_token_ids.req_ids)
         ks = ctrl.choose(req_ids, [self._peagle_reserved.get(rid, ctrl.opt.max_k) for rid in req_ids])
         draft_token_ids.draft_token_ids = [list(d) if self._peagle_seeded(rid) else list(d)[:k] for rid, d, k in
                                            zip(req_ids, draft_token_ids.draft_token_ids, ks)]
+        figures.add_choices([len(d) for d in draft_token_ids.draft_token_ids])
         out = original(self, draft_token_ids)
         for rid in req_ids:
             request = self.requests.get(rid)
@@ -130,6 +143,11 @@ def _step(scheduler_output, model_runner_output, seconds: float, max_k: int) -> 
 def _wrap_update_from_output(original):
     @functools.wraps(original)
     def update_from_output(self, scheduler_output, model_runner_output):
+        figures: EngineFigures | None = getattr(self, FIGURES_ATTR, None)
+        if figures is not None:
+            figures.add_draft(*getattr(model_runner_output, DRAFT_TIME_ATTR, (0, 0.0)))
+            if getattr(scheduler_output, DRAFT_DEPTH_ATTR, None) == 0 and scheduler_output.total_num_scheduled_tokens:
+                figures.steps_without_draft += 1
         ctrl: DepthController | None = getattr(self, ATTR, None)
         if ctrl is not None:
             now = time.perf_counter()
@@ -159,8 +177,21 @@ def _wrap_update_from_output(original):
     return update_from_output
 
 
+def _wrap_make_stats(original):
+    @functools.wraps(original)
+    def make_stats(self, *args, **kwargs):
+        stats = original(self, *args, **kwargs)
+        figures: EngineFigures | None = getattr(self, FIGURES_ATTR, None)
+        carrier = getattr(stats, CARRIER_FIELD, None)
+        if figures is not None and isinstance(carrier, dict):
+            carrier.update(figures.drain())
+        return stats
+
+    return make_stats
+
+
 def patch() -> None:
-    """Wraps the four Scheduler methods once."""
+    """Wraps the five Scheduler methods once."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
     if getattr(Scheduler.__init__, "__peagle_patched__", False):
@@ -168,7 +199,8 @@ def patch() -> None:
     Scheduler._peagle_seeded = _is_seeded
     Scheduler._peagle_lookahead = _lookahead
     for name, wrap in (("__init__", _wrap_init), ("schedule", _wrap_schedule),
-                       ("update_draft_token_ids", _wrap_update_drafts), ("update_from_output", _wrap_update_from_output)):
+                       ("update_draft_token_ids", _wrap_update_drafts), ("update_from_output", _wrap_update_from_output),
+                       ("make_stats", _wrap_make_stats)):
         wrapped = wrap(getattr(Scheduler, name))
         wrapped.__peagle_patched__ = True
         setattr(Scheduler, name, wrapped)

@@ -18,15 +18,21 @@ def _totals(llm) -> dict[str, float]:
     return out
 
 
+def _chosen_k(llm) -> dict[str, int]:
+    """peagle:chosen_k by its K label (cumulative in the process)."""
+    return {m.labels["k"]: m.value for m in llm.get_metrics() if m.name == "peagle:chosen_k"}
+
+
 def test_peagle_series_agree_with_vllm_counters(demo) -> None:
     from vllm import SamplingParams
 
     from peagle_vllm.corpus import held_out_prompts
 
     llm = make_llm(str(demo["target"]), {"method": "p_eagle", "model": str(demo["draft"]), "num_speculative_tokens": 8})
-    before = _totals(llm)
+    before, chosen_before = _totals(llm), _chosen_k(llm)
     llm.generate(held_out_prompts(6, seed=2), SamplingParams(temperature=0, max_tokens=64), use_tqdm=False)
     after = _totals(llm)
+    chosen_k = {k: n - chosen_before.get(k, 0) for k, n in _chosen_k(llm).items()}
     close_llm(llm)
     delta = {k: after[k] - before.get(k, 0) for k in after}
     assert delta["vllm:spec_decode_num_drafts"] > 0
@@ -34,6 +40,13 @@ def test_peagle_series_agree_with_vllm_counters(demo) -> None:
     assert delta["peagle:draft_tokens_per_position"] == delta["vllm:spec_decode_num_draft_tokens"]
     assert delta["peagle:acceptance_length"] > 0  # one observation per engine step with drafts
     assert 0.0 <= after["peagle:block_acceptance_rate_window"] <= 1.0
+    # engine-side figures: a K chosen per request per step (drafts chosen are verified the step after,
+    # except a finished request's last ones), one timed draft forward behind every verifying step
+    drafts_chosen = sum(int(k) * n for k, n in chosen_k.items())
+    assert drafts_chosen >= delta["vllm:spec_decode_num_draft_tokens"] > 0
+    assert delta["peagle:chosen_k"] >= delta["vllm:spec_decode_num_drafts"]
+    assert delta["peagle:fallback_request_steps"] == chosen_k.get("0", 0)
+    assert delta["peagle:draft_forward_seconds"] >= delta["peagle:acceptance_length"]
 
 
 def test_per_request_spec_decode_metrics_when_asked(demo) -> None:

@@ -65,13 +65,20 @@ def test_metrics_show_peagle_series_consistent_with_vllm_counters(client, server
     assert m["peagle:accepted_tokens_per_position_total"] == m["vllm:spec_decode_num_accepted_tokens_total"]
     assert m["peagle:draft_tokens_per_position_total"] == m["vllm:spec_decode_num_draft_tokens_total"]
     assert m["peagle:acceptance_length_count"] > 0 and "peagle:block_acceptance_rate_window" in m
+    # engine-core figures, carried across the process boundary: fixed K=8, so no fallback
+    assert m["peagle:chosen_k_total"] >= m["vllm:spec_decode_num_drafts_total"]
+    assert m["peagle:fallback_request_steps_total"] == 0 and m["peagle:steps_without_draft_total"] == 0
+    assert m["peagle:draft_forward_seconds_count"] >= m["peagle:acceptance_length_count"]
+    assert 0 < m["peagle:draft_forward_seconds_sum"] < m["peagle:draft_forward_seconds_count"]  # < 1 s each
 
 
 def test_periodic_log_line_has_peagle_figures(client, server) -> None:
     deadline = time.time() + 30
     while time.time() < deadline:
         client.completions.create(model="demo", prompt=PROMPT, max_tokens=16, temperature=0)
-        if "p_eagle metrics: block acceptance over the last 20 steps" in server["log"].read_text():
+        log = server["log"].read_text()
+        if "p_eagle metrics: block acceptance over the last 20 steps" in log and "ms x" in log:
+            assert "KV fetch" not in log  # our figures ride in vLLM's KV-fetch dict and never reach its readers
             return
         time.sleep(2)
     raise AssertionError("no p_eagle line in the server's periodic stats log")

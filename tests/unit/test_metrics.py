@@ -1,8 +1,8 @@
-"""The acceptance monitor on synthetic step counts."""
+"""The acceptance monitor on synthetic step counts; engine figures through their carrier dict."""
 
 from __future__ import annotations
 
-from peagle_vllm.metrics import AcceptanceMonitor
+from peagle_vllm.metrics import AcceptanceMonitor, EngineFigures
 
 
 def test_step_figures_and_window_rate() -> None:
@@ -21,3 +21,18 @@ def test_warns_once_when_the_window_stays_low_and_again_after_recovery() -> None
         mon.observe(2, 16, 16)
     again = [mon.observe(2, 16, 0).warning for _ in range(6)]
     assert sum(w is not None for w in again) == 1
+
+
+def test_engine_figures_ride_in_a_shared_dict_and_leave_it_as_found() -> None:
+    fig = EngineFigures()
+    fig.add_choices([0, 0, 3, 8, 3])
+    fig.steps_without_draft += 2
+    fig.add_draft(3, 0.0042)
+    carrier = {"waiting_to_start": 1}  # vLLM's own keys stay untouched
+    carrier.update(fig.drain())
+    assert fig.drain() == {}  # drained: the next step starts from zero
+    back = EngineFigures.take_from(carrier)
+    assert carrier == {"waiting_to_start": 1}
+    assert back.chosen_k == {0: 2, 3: 2, 8: 1} and back.steps_without_draft == 2
+    assert back.draft_forwards == 3 and back.draft_us == 4200
+    assert EngineFigures.take_from(carrier) is None
