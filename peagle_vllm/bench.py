@@ -37,18 +37,26 @@ MODES = [
 ]
 
 
+def requests_for(prompts: list[str], concurrency: int) -> list[str]:
+    """The requests of one cell: every prompt at least once (a single prompt at concurrency 1 would
+    measure that prompt, not the traffic), and at least `concurrency` of them."""
+    n = max(concurrency, len(prompts))
+    return (prompts * (n // len(prompts) + 1))[:n]
+
+
 def _measure(llm, prompts: list[str], concurrency: int, max_tokens: int, temperature: float) -> dict:
-    """Batches of `concurrency` requests (offline stand-in for concurrent clients)."""
+    """The cell's requests in waves of `concurrency` (offline stand-in for that many concurrent clients)."""
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0, ignore_eos=True)
-    batch = (prompts * ((concurrency // len(prompts)) + 1))[:concurrency]
+    todo = requests_for(prompts, concurrency)
     before = spec_figures(llm)
     t0 = time.perf_counter()
-    out = llm.generate(batch, params, use_tqdm=False)
+    outs = [o for i in range(0, len(todo), concurrency)
+            for o in llm.generate(todo[i: i + concurrency], params, use_tqdm=False)]
     seconds = time.perf_counter() - t0
     spec: SpecFigures = spec_figures(llm).minus(before)
-    tokens = sum(len(o.outputs[0].token_ids) for o in out)
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     return {"tokens_per_s": tokens / seconds, "seconds": seconds, "acceptance_length": spec.acceptance_length,
             "per_position": spec.per_position_rate}
 

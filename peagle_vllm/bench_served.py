@@ -10,6 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from peagle_vllm.bench import requests_for
 from peagle_vllm.server_process import ServerConfig, running_server, scrape_metrics
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -33,22 +34,28 @@ async def _stream(client, prompt: str, max_tokens: int, temperature: float) -> t
     return (first if first is not None else total), total, tokens
 
 
-async def _wave(base_url: str, prompts: list[str], concurrency: int, max_tokens: int,
-                temperature: float) -> tuple[list[tuple[float, float, int]], float]:
-    """`concurrency` requests at once; their (TTFT, latency, tokens) and the wall time of the wave."""
+async def _clients(base_url: str, prompts: list[str], concurrency: int, max_tokens: int,
+                   temperature: float) -> tuple[list[tuple[float, float, int]], float]:
+    """The cell's requests (`requests_for`) with at most `concurrency` in flight, each client sending
+    its next one as soon as the last ends; their (TTFT, latency, tokens) and the wall time of all."""
     from openai import AsyncOpenAI
 
-    batch = (prompts * (concurrency // len(prompts) + 1))[:concurrency]
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(client, prompt: str) -> tuple[float, float, int]:
+        async with slots:
+            return await _stream(client, prompt, max_tokens, temperature)
+
     async with AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=600) as client:
         t0 = time.perf_counter()
-        results = await asyncio.gather(*(_stream(client, p, max_tokens, temperature) for p in batch))
+        results = await asyncio.gather(*(one(client, p) for p in requests_for(prompts, concurrency)))
         return list(results), time.perf_counter() - t0
 
 
 def measure(base_url: str, prompts: list[str], concurrency: int, max_tokens: int, temperature: float) -> dict:
-    """One wave of streamed requests: throughput, mean TTFT/TPOT and the acceptance length it saw."""
+    """The cell's streamed requests: throughput, mean TTFT/TPOT and the acceptance length they saw."""
     before = scrape_metrics(base_url)
-    results, wall = asyncio.run(_wave(base_url, prompts, concurrency, max_tokens, temperature))
+    results, wall = asyncio.run(_clients(base_url, prompts, concurrency, max_tokens, temperature))
     after = scrape_metrics(base_url)
     drafts = after.get(DRAFTS, 0.0) - before.get(DRAFTS, 0.0)
     accepted = after.get(ACCEPTED, 0.0) - before.get(ACCEPTED, 0.0)

@@ -1,0 +1,35 @@
+"""The benchmark's bookkeeping on hand-made rows: which requests a cell sends, ratios, the adaptive summary."""
+
+from __future__ import annotations
+
+import pytest
+
+from peagle_vllm.bench import _add_ratios, adaptive_summary, requests_for
+
+
+def test_a_cell_sends_every_prompt_and_at_least_its_concurrency() -> None:
+    prompts = ["a", "b", "c"]
+    assert requests_for(prompts, 1) == prompts  # concurrency 1 still measures every prompt, one after another
+    assert requests_for(prompts, 7) == ["a", "b", "c", "a", "b", "c", "a"]
+
+
+def _row(mode: str, k: int, tps: float, conc: int = 1) -> dict:
+    return {"interface": "offline", "mode": mode, "k": k, "concurrency": conc, "temperature": 0.0,
+            "tokens_per_s": tps, "acceptance_length": 1.0}
+
+
+def test_ratios_use_no_spec_and_the_builtin_parallel_at_its_best_k() -> None:
+    rows = [_row("no-spec", 0, 100.0), _row("vllm-parallel", 4, 80.0), _row("vllm-parallel", 8, 50.0),
+            _row("p_eagle-depth", 8, 120.0), _row("p_eagle-depth", 8, 30.0, conc=16)]
+    _add_ratios(rows)
+    assert rows[3]["vs_no_spec"] == 1.2 and rows[3]["vs_vllm_parallel_best"] == 1.5
+    assert rows[4]["vs_no_spec"] is None  # no baseline measured in its cell
+
+
+def test_adaptive_summary_compares_with_the_best_fixed_k_found_after_the_fact() -> None:
+    rows = [_row("no-spec", 0, 100.0), _row("p_eagle-depth", 1, 90.0), _row("p_eagle-depth", 4, 95.0),
+            _row("p_eagle-depth-adaptive", 32, 99.0)]
+    _add_ratios(rows)
+    line = adaptive_summary(rows).splitlines()[-1]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[5] == "4" and float(cells[7]) == pytest.approx(99 / 95, abs=0.01) and cells[8] == "0.99"
