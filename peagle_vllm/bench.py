@@ -37,6 +37,9 @@ MODES = [
 ]
 
 
+WARMUP = (16, 32)  # concurrency and tokens of the warm-up cell each mode runs before it is measured
+
+
 def requests_for(prompts: list[str], concurrency: int) -> list[str]:
     """The requests of one cell: every prompt at least once (a single prompt at concurrency 1 would
     measure that prompt, not the traffic), and at least `concurrency` of them."""
@@ -96,7 +99,7 @@ def run_bench(models: Path, out_dir: Path, ks: list[int], concurrencies: list[in
                 run_mode(target, mode.spec(models, k), prompts, concurrencies, temperatures, max_tokens, add)
                 continue
             llm = make_llm(str(target), mode.spec(models, k), max_num_seqs=max(concurrencies))
-            llm.generate(prompts[:2], use_tqdm=False)  # warm-up
+            _measure(llm, prompts, WARMUP[0], WARMUP[1], 0.0)
             for temperature in temperatures:
                 for conc in concurrencies:
                     add(conc, temperature, _measure(llm, prompts, conc, max_tokens, temperature))

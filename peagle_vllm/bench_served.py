@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from peagle_vllm.bench import requests_for
+from peagle_vllm.bench import WARMUP, requests_for
 from peagle_vllm.server_process import ServerConfig, running_server, scrape_metrics
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -75,7 +75,7 @@ def run_mode(target: Path, spec: dict | None, prompts: list[str], concurrencies:
         config = ServerConfig(target, Path(logs) / "server.log", max_model_len=1024, speculative_config=spec,
                               extra_args=("--max-num-seqs", str(max(concurrencies))))
         with running_server(config) as server:
-            measure(server.base_url, prompts[:2], 2, 8, 0.0)  # warm-up
+            measure(server.base_url, prompts, *WARMUP, 0.0)
             for temperature in temperatures:
                 for conc in concurrencies:
                     on_row(conc, temperature, measure(server.base_url, prompts, conc, max_tokens, temperature))

@@ -10,11 +10,13 @@ B + the sum of P over the drafts kept. Since P_r(i) falls with i, the best set o
 top-n values of P overall for some n: sort once, pick the n maximising (B + prefix sum) / cost(n),
 where n = 0 is a plain step (nothing verified, nothing drafted). The model can be biased (costs that
 are not linear, overheads it cannot see), so the measured speed (tokens per request-second) of
-recent speculative and plain steps has the last word: while speculation measures slower, every
-request is at K=0. Requests whose K is 0 fall back to plain decoding; when every request is there,
-no draft runs at all. Probes: requests at K=0 get a short draft again after `probe_every` steps (the
-interval doubles, up to 16x, while fallback keeps winning); and every `explore_every` steps of
-speculation a plain step is forced, so that both sides of the cost model stay measured.
+recent speculative and plain decode steps has the last word: while speculation measures slower
+(steps that only ran the draft count as speculative: they paid for it), every request is at K=0.
+Requests whose K is 0 fall back to plain decoding; when every request is there, no draft runs at
+all. Probes: requests at K=0 get a short draft again after `probe_every` steps (the interval
+doubles, up to 16x, while fallback keeps winning, and starts again from `probe_every` only after
+speculation has held for that many steps); and every `explore_every` steps of speculation a plain
+step is forced, so that both sides of the cost model stay measured.
 
 KV lookahead follows each request's own K: `reservation` says how many drafts a request may get at
 its next choice (at most twice its last K, so K can grow step by step; 0 in fallback until a probe),
@@ -58,9 +60,27 @@ class Step:
     verified: int = 0  # drafts it verified
 
     @property
-    def speed(self) -> float:
-        """Tokens per request per second."""
-        return self.emitted / (self.requests * self.seconds)
+    def decode_only(self) -> bool:
+        """Every request computed one new token plus its drafts: no prompt (prefill) in the step, whose
+        cost would say nothing about plain vs speculative decoding."""
+        return self.tokens == self.requests + self.verified
+
+
+@dataclass
+class _Speed:
+    """Tokens per request-second of one kind of step, from decayed sums (recent steps weigh more)."""
+
+    decay: float = 0.8
+    tokens: float = 0.0
+    request_seconds: float = 0.0
+
+    def add(self, step: Step) -> None:
+        self.tokens = self.tokens * self.decay + step.emitted
+        self.request_seconds = self.request_seconds * self.decay + step.requests * step.seconds
+
+    @property
+    def value(self) -> float | None:
+        return self.tokens / self.request_seconds if self.request_seconds > 0 else None
 
 
 @dataclass
@@ -108,6 +128,11 @@ class CostModel:
         return np.where(draft_rows > 0, s0 + s2 * draft_rows, plain) + s1 * tokens
 
 
+def _bucket(batch: int) -> int:
+    """Batch sizes within a factor of two share their speed figures."""
+    return max(batch, 1).bit_length()
+
+
 class DepthController:
     """Per-request K from online acceptance statistics and a fitted step-cost model."""
 
@@ -124,8 +149,10 @@ class DepthController:
         self.probe_interval = options.probe_every  # doubles after each probe that confirms the fallback
         self.next_probe = options.probe_every
         self.plain_next = False  # an exploration step was chosen: reserve nothing, so no draft runs
-        self.speed_plain: float | None = None  # tokens per request-second, recent plain steps
-        self.speed_spec: float | None = None  # and recent steps that verified drafts
+        self.spec_since = 0  # step at which the current stretch of speculation began
+        # per batch-size bucket: recent plain steps (no draft ran, nothing verified) and steps that ran
+        # the draft or verified drafts (all speculation costs)
+        self.speeds: dict[int, tuple[_Speed, _Speed]] = {}
         self.k_counts = np.zeros(k + 1, dtype=np.int64)  # chosen K per request per step, since the last summary
 
     def observe(self, req_id: str, num_draft: int, num_accepted: int) -> None:
@@ -151,15 +178,25 @@ class DepthController:
         return s
 
     def observe_step(self, step: Step) -> None:
-        """One engine step: it fits the cost model, and the measured speed of plain steps (nothing
-        verified, no draft) and of speculative ones (drafts verified) decides between the two."""
+        """One engine step: it fits the cost model, and the measured speed of plain steps and of
+        speculative ones (a step that ran the draft but verified nothing, like the first half of a
+        probe, counts there: it paid for the draft) decides between the two. Steps with a prompt in
+        them are left out of the speeds: a prefill in a plain stretch would make plain look slow."""
         self.cost.observe(step.tokens, step.draft_rows, step.seconds)
-        if step.seconds <= 0 or not step.emitted:
+        if step.seconds <= 0 or not step.emitted or not step.decode_only:
             return
-        if not step.draft_rows and not step.verified:
-            self.speed_plain = step.speed if self.speed_plain is None else 0.5 * (self.speed_plain + step.speed)
-        elif step.verified:
-            self.speed_spec = step.speed if self.speed_spec is None else 0.5 * (self.speed_spec + step.speed)
+        plain, spec = self.speeds.setdefault(_bucket(step.requests), (_Speed(), _Speed()))
+        (spec if step.draft_rows or step.verified else plain).add(step)
+
+    def speculation_measured_slower(self, batch: int) -> bool:
+        """Recent speculative steps emitted fewer tokens per request-second than plain ones, at about
+        this batch size (per-request speed falls with the batch: only like is compared with like; the
+        nearest measured bucket stands in until this one is)."""
+        measured = [b for b, (p, s) in self.speeds.items() if p.value is not None and s.value is not None]
+        if not measured:
+            return False
+        plain, spec = self.speeds[min(measured, key=lambda b: abs(b - _bucket(batch)))]
+        return spec.value <= plain.value
 
     def forget(self, req_id: str) -> None:
         self.requests.pop(req_id, None)
@@ -214,14 +251,17 @@ class DepthController:
         kmax = self.opt.max_k
         curves = self._accept_curves(req_ids)
         n, flat = self._best_draft_count(curves)
-        if self.speed_plain is not None and self.speed_spec is not None and self.speed_spec <= self.speed_plain:
+        if self.speculation_measured_slower(len(req_ids)):
             n = 0  # measured: speculation is slower than plain decoding, whatever the model predicts
         if self.speculating and n == 0:  # entering fallback: the first probe comes one interval later
             self.next_probe = self.steps + self.probe_interval
+        if n > 0 and not self.speculating:
+            self.spec_since = self.steps
         self.speculating = n > 0
         self.plain_next = False
         if self.speculating:
-            self.probe_interval = self.opt.probe_every
+            if self.steps - self.spec_since >= self.opt.probe_every:  # speculation held up: probe soon again
+                self.probe_interval = self.opt.probe_every  # once it falls back (a short stretch keeps the backoff)
             if self.steps % self.opt.explore_every == self.opt.probe_every // 2:
                 n, self.plain_next = 0, True  # a forced plain step keeps the cost of plain decoding measured
         probe = not self.speculating and self.steps >= self.next_probe

@@ -158,3 +158,46 @@ def test_falls_back_to_plain_decoding_when_the_draft_path_costs_more_than_it_gai
 
 def test_speculates_when_it_pays() -> None:
     assert simulate(alpha=0.9, draft_overhead=0.05) > 1.5
+
+
+def simulate_waves(alpha: float, draft_overhead: float, batches: list[int], wave_steps: int = 64,
+                   noise: float = 0.2) -> float:
+    """Like `simulate`, but as a benchmark runs it: waves of new requests, each opening with a prefill
+    step (30 prompt tokens per request), batch sizes changing between waves, step times noisy
+    (log-normal). Tokens per second against plain decoding of the same waves at the mean cost."""
+    ctrl = DepthController(DepthOptions(max_k=16))
+    rng = np.random.default_rng(1)
+    emitted = seconds = plain_seconds = 0.0
+    for wave, batch in enumerate(batches):
+        ids = [f"w{wave}r{i}" for i in range(batch)]
+        ks = [0] * batch
+        prefill = True
+        for _ in range(wave_steps):
+            caps = [ctrl.reservation(r) for r in ids]
+            depth = max(caps)
+            accepted = [int(np.argmin(np.append(rng.random(k) < alpha, False))) for k in ks]
+            for r, k, a in zip(ids, ks, accepted):
+                ctrl.observe(r, k, a)
+            tokens = batch * 30 if prefill else batch + sum(ks)
+            mean = 1.0 + 0.02 * tokens + (draft_overhead if depth else 0.0)
+            step = mean * float(np.exp(noise * rng.standard_normal() - noise ** 2 / 2))
+            ctrl.observe_step(Step(tokens, batch * depth, step, batch, batch + sum(accepted), sum(ks)))
+            emitted += batch + sum(accepted)
+            seconds += step
+            plain_seconds += 1.0 + 0.02 * (batch * 30 if prefill else batch)
+            prefill = False
+            ks = ctrl.choose(ids, caps)
+        for r in ids:
+            ctrl.forget(r)
+    plain_tokens = sum(batches) * wave_steps
+    return (emitted / seconds) / (plain_tokens / plain_seconds)
+
+
+def test_in_waves_with_prefills_noise_and_changing_batches_fallback_stays_near_plain() -> None:
+    """Prefill steps are no sample of plain decoding's speed, and speeds are compared at like batch
+    sizes: a losing draft path costs only its probes, whatever the traffic does."""
+    assert simulate_waves(alpha=0.6, draft_overhead=1.2, batches=[16, 1, 4, 16, 64, 1, 16, 4] * 2) > 0.94
+
+
+def test_in_waves_speculation_still_wins_when_it_pays() -> None:
+    assert simulate_waves(alpha=0.9, draft_overhead=0.05, batches=[16, 1, 4, 16, 64, 1, 16, 4] * 2) > 1.4
