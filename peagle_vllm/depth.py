@@ -13,10 +13,12 @@ are not linear, overheads it cannot see), so the measured speed (tokens per requ
 recent speculative and plain decode steps has the last word: while speculation measures slower
 (steps that only ran the draft count as speculative: they paid for it), every request is at K=0.
 Requests whose K is 0 fall back to plain decoding; when every request is there, no draft runs at
-all. Probes: requests at K=0 get a short draft again after `probe_every` steps (the interval
+all. Probes: after `probe_every` steps in fallback, requests get a short draft again, and for
+`probe_steps` steps the model alone chooses K (growing as the reservations allow), so that the
+measured speed of speculation is that of the K it would use, not of a token probe; the interval
 doubles, up to 16x, while fallback keeps winning, and starts again from `probe_every` only after
-speculation has held for that many steps); and every `explore_every` steps of speculation a plain
-step is forced, so that both sides of the cost model stay measured.
+speculation has held for that many steps. Every `explore_every` steps of speculation a plain step
+is forced, so that both sides of the cost model stay measured.
 
 KV lookahead follows each request's own K: `reservation` says how many drafts a request may get at
 its next choice (at most twice its last K, so K can grow step by step; 0 in fallback until a probe),
@@ -39,6 +41,7 @@ class DepthOptions:
     min_k: int = 0
     probe_every: int = 16
     probe_k: int = 2
+    probe_steps: int = 4  # steps of a probe in which measured speeds do not overrule the model
     explore_every: int = 64  # a plain step is forced this often while speculating
     decay: float = 0.9  # weight of the past per observation (per request)
     prior_weight: float = 2.0  # pseudo-observations of the global prior in each request's estimate
@@ -148,6 +151,7 @@ class DepthController:
         self.speculating = True  # whether the latest choice found drafting worth its cost
         self.probe_interval = options.probe_every  # doubles after each probe that confirms the fallback
         self.next_probe = options.probe_every
+        self.probe_until = 0  # the current probe's last step
         self.plain_next = False  # an exploration step was chosen: reserve nothing, so no draft runs
         self.spec_since = 0  # step at which the current stretch of speculation began
         # per batch-size bucket: recent plain steps (no draft ran, nothing verified) and steps that ran
@@ -202,14 +206,15 @@ class DepthController:
         self.requests.pop(req_id, None)
 
     def _accept_curves(self, req_ids: list[str]) -> np.ndarray:
-        """P_r(i) [B, K]: probability that request r's first i drafts are all accepted."""
+        """P_r(i) [B, K]: probability that request r's first i drafts are all accepted (a request not
+        seen yet has no hits or tries of its own: the prior)."""
         prior = self._prior_rates()
         w = self.opt.prior_weight
-        rows = []
-        for rid in req_ids:
-            s = self.requests.get(rid)
-            rows.append(prior if s is None else (s.hits + w * prior) / (s.tries + w))
-        return np.cumprod(np.clip(np.array(rows), 0.0, 1.0), axis=1)
+        none = np.zeros(self.opt.max_k)
+        stats = [self.requests.get(rid) for rid in req_ids]
+        hits = np.stack([none if s is None else s.hits for s in stats])
+        tries = np.stack([none if s is None else s.tries for s in stats])
+        return np.cumprod(np.clip((hits + w * prior) / (tries + w), 0.0, 1.0), axis=1)
 
     def _prior_rates(self) -> np.ndarray:
         """All-request conditional acceptance per position, each shrunk towards the position before
@@ -249,9 +254,12 @@ class DepthController:
             return []
         self.steps += 1
         kmax = self.opt.max_k
+        slower = self.steps > self.probe_until and self.speculation_measured_slower(len(req_ids))
+        if slower and not self.speculating and self.steps < self.next_probe:
+            return self._stay_in_fallback(req_ids)
         curves = self._accept_curves(req_ids)
         n, flat = self._best_draft_count(curves)
-        if self.speculation_measured_slower(len(req_ids)):
+        if slower:
             n = 0  # measured: speculation is slower than plain decoding, whatever the model predicts
         if self.speculating and n == 0:  # entering fallback: the first probe comes one interval later
             self.next_probe = self.steps + self.probe_interval
@@ -268,6 +276,7 @@ class DepthController:
         if probe:
             self.next_probe = self.steps + self.probe_interval
             self.probe_interval = min(2 * self.probe_interval, 16 * self.opt.probe_every)
+            self.probe_until = self.steps + self.opt.probe_steps
         threshold = flat[n - 1] if n > 0 else np.inf
         ks = np.clip((curves >= threshold).sum(axis=1), self.opt.min_k, kmax)
         out = []
@@ -280,6 +289,15 @@ class DepthController:
         self.typical_k = max(out)
         self.k_counts += np.bincount(out, minlength=kmax + 1)
         return out
+
+    def _stay_in_fallback(self, req_ids: list[str]) -> list[int]:
+        """`choose` for a batch in fallback with no probe due: K=0 for all, nothing to weigh."""
+        self.plain_next = False
+        for rid in req_ids:
+            self._stats(rid).last_k = 0
+        self.typical_k = 0
+        self.k_counts[0] += len(req_ids)
+        return [0] * len(req_ids)
 
     def summary(self) -> str:
         """One log line on the choices since the last call (then reset): K distribution, fallbacks,

@@ -36,8 +36,10 @@ class PEagleRejectionSampler(RejectionSampler):
         self.verify_mode = verify_mode
 
     def forward(self, metadata, draft_probs, logits, sampling_metadata) -> SamplerOutput:
-        b = len(metadata.num_draft_tokens)
         k = metadata.max_spec_len
+        if k == 0:  # no request has drafts (adaptive depth in fallback): exactly plain decoding's sampling
+            return self.sampler(logits=logits[metadata.bonus_logits_indices], sampling_metadata=sampling_metadata)
+        b = len(metadata.num_draft_tokens)
         dev = logits.device
         bonus_out = self.sampler(
             logits=logits[metadata.bonus_logits_indices],

@@ -60,6 +60,7 @@ def _wrap_init(original):
                 self._peagle_last_step = None
                 self._peagle_last_log = time.perf_counter()
                 self._peagle_reserved: dict[str, int] = {}  # drafts whose lookahead is reserved
+                self._peagle_seeded_ids: dict[str, bool] = {}  # see _is_seeded
                 self._peagle_block_counts: dict[str, tuple[int, ...]] = {}  # released, for the worker
                 self.peagle_blocks_released = 0  # blocks handed back before their request ended
                 self._peagle_trimmable = rollback_hook.trimmable_managers(self)  # fixed for the engine's life
@@ -125,10 +126,16 @@ def _wrap_update_drafts(original):
 
 def _is_seeded(self, req_id: str) -> bool:
     """Sampled requests with a seed keep the full K: timing-driven depth would make their samples
-    unrepeatable (greedy outputs do not depend on K, so a seed there changes nothing)."""
-    request = self.requests.get(req_id)
-    params = getattr(request, "sampling_params", None)
-    return params is not None and params.seed is not None and params.temperature > SAMPLING_EPS
+    unrepeatable (greedy outputs do not depend on K, so a seed there changes nothing). Looked up
+    several times per request per step: remembered until the request finishes."""
+    seeded = self._peagle_seeded_ids.get(req_id)
+    if seeded is None:
+        request = self.requests.get(req_id)
+        params = getattr(request, "sampling_params", None)
+        seeded = params is not None and params.seed is not None and params.temperature > SAMPLING_EPS
+        if request is not None:
+            self._peagle_seeded_ids[req_id] = seeded
+    return seeded
 
 
 def _step(scheduler_output, model_runner_output, seconds: float, max_k: int) -> Step:
@@ -169,6 +176,7 @@ def _wrap_update_from_output(original):
             for req_id in scheduler_output.finished_req_ids:
                 ctrl.forget(req_id)
                 self._peagle_reserved.pop(req_id, None)
+                self._peagle_seeded_ids.pop(req_id, None)
         out = original(self, scheduler_output, model_runner_output)
         if ctrl is not None and not self.requests:
             self._peagle_last_step = None  # idle time between requests is no step cost
