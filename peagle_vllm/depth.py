@@ -18,7 +18,8 @@ all. Probes: after `probe_every` steps in fallback, requests get a short draft a
 measured speed of speculation is that of the K it would use, not of a token probe; the interval
 doubles, up to 16x, while fallback keeps winning, and starts again from `probe_every` only after
 speculation has held for that many steps. Every `explore_every` steps of speculation a plain step
-is forced, so that both sides of the cost model stay measured.
+is forced, so that both sides of the cost model stay measured, and so is every step at a batch size
+whose plain speed is not measured yet (speculation there waits for a plain step to compare with).
 
 KV lookahead follows each request's own K: `reservation` says how many drafts a request may get at
 its next choice (at most twice its last K, so K can grow step by step; 0 in fallback until a probe),
@@ -202,6 +203,11 @@ class DepthController:
         plain, spec = self.speeds[min(measured, key=lambda b: abs(b - _bucket(batch)))]
         return spec.value <= plain.value
 
+    def _plain_unmeasured(self, batch: int) -> bool:
+        """No plain decode step has been timed at about this batch size yet (a new load level)."""
+        speeds = self.speeds.get(_bucket(batch))
+        return speeds is None or speeds[0].value is None
+
     def forget(self, req_id: str) -> None:
         self.requests.pop(req_id, None)
 
@@ -270,7 +276,8 @@ class DepthController:
         if self.speculating:
             if self.steps - self.spec_since >= self.opt.probe_every:  # speculation held up: probe soon again
                 self.probe_interval = self.opt.probe_every  # once it falls back (a short stretch keeps the backoff)
-            if self.steps % self.opt.explore_every == self.opt.probe_every // 2:
+            unmeasured = self._plain_unmeasured(len(req_ids))
+            if unmeasured or self.steps % self.opt.explore_every == self.opt.probe_every // 2:
                 n, self.plain_next = 0, True  # a forced plain step keeps the cost of plain decoding measured
         probe = not self.speculating and self.steps >= self.next_probe
         if probe:

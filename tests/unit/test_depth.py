@@ -59,6 +59,7 @@ def test_batch_shares_one_threshold_good_requests_get_deeper_drafts() -> None:
     for _ in range(40):
         ctrl.observe("good", 16, 15)
         ctrl.observe("bad", 16, 0)
+    ctrl.observe_step(Step(tokens=2, draft_rows=0, seconds=0.01, requests=2, emitted=2))  # plain speed known
     good, bad = ctrl.choose(["good", "bad"])
     assert good > bad
 
@@ -201,3 +202,14 @@ def test_in_waves_with_prefills_noise_and_changing_batches_fallback_stays_near_p
 
 def test_in_waves_speculation_still_wins_when_it_pays() -> None:
     assert simulate_waves(alpha=0.9, draft_overhead=0.05, batches=[16, 1, 4, 16, 64, 1, 16, 4] * 2) > 1.4
+
+
+def test_a_new_load_level_is_compared_with_a_timed_plain_step_before_speculating() -> None:
+    ctrl = DepthController(DepthOptions(max_k=8))
+    for _ in range(20):
+        ctrl.observe("a", 8, 8)
+    assert ctrl.choose(["a"]) == [0] and ctrl.reservation("a") == 0, "no plain step timed at batch 1 yet"
+    ctrl.observe_step(Step(tokens=1, draft_rows=0, seconds=0.01, requests=1, emitted=1))
+    assert ctrl.choose(["a"])[0] > 0
+    big = [f"r{i}" for i in range(64)]
+    assert set(ctrl.choose(big)) == {0}, "batch 64 is another load level: measured plain first"
