@@ -23,7 +23,7 @@ async def _stream(client, prompt: str, max_tokens: int, temperature: float) -> t
     first = None
     tokens = 0
     stream = await client.completions.create(model="demo", prompt=prompt, max_tokens=max_tokens,
-                                             temperature=temperature, seed=0, stream=True,
+                                             temperature=temperature, stream=True,
                                              stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
     async for chunk in stream:
         if first is None and chunk.choices and chunk.choices[0].text:
