@@ -251,7 +251,7 @@ class DepthController:
         gain = b + np.concatenate([[0.0], np.cumsum(flat)])
         tokens = b + np.arange(len(flat) + 1)
         rows = np.concatenate([[0], b * depth])
-        return int(np.argmax(gain / self.cost.seconds(tokens, rows))), flat
+        return int(np.argmax(gain / np.maximum(self.cost.seconds(tokens, rows), 1e-9))), flat  # fit may reach 0
 
     def choose(self, req_ids: list[str], caps: list[int] | None = None) -> list[int]:
         """K for each request of this step's batch; `caps` (e.g. the drafts whose KV slots were

@@ -63,6 +63,14 @@ class EngineFigures:
         for k in ks:
             self.chosen_k[k] = self.chosen_k.get(k, 0) + 1
 
+    def add(self, other: EngineFigures) -> None:
+        """Sums another step's figures into these."""
+        for k, n in other.chosen_k.items():
+            self.chosen_k[k] = self.chosen_k.get(k, 0) + n
+        self.steps_without_draft += other.steps_without_draft
+        self.draft_forwards += other.draft_forwards
+        self.draft_us += other.draft_us
+
     def add_draft(self, forwards: int, seconds: float) -> None:
         self.draft_forwards += forwards
         self.draft_us += round(1e6 * seconds)

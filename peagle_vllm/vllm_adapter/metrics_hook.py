@@ -97,9 +97,7 @@ def _observe_engine_figures(fig: EngineFigures) -> None:
     m["steps_without_draft"].inc(fig.steps_without_draft)
     for _ in range(fig.draft_forwards):  # one forward per step: the mean of the step is each one's time
         m["draft_seconds"].observe(fig.draft_us / fig.draft_forwards / 1e6)
-    _since_log.add_choices([k for k, n in fig.chosen_k.items() for _ in range(n)])
-    _since_log.steps_without_draft += fig.steps_without_draft
-    _since_log.add_draft(fig.draft_forwards, fig.draft_us / 1e6)
+    _since_log.add(fig)
 
 
 def _wrap_record(original):

@@ -128,6 +128,17 @@ def test_reservation_follows_the_requests_own_k_and_bounds_it() -> None:
     assert max(reserved[-60:]) <= 16, "a probe's reservations grow by doubling over its few steps only"
 
 
+def _reserve_and_verify(ctrl: DepthController, ids: list[str], ks: list[int], alpha: float,
+                        rng: np.random.Generator) -> tuple[list[int], int, list[int]]:
+    """A step's start, in the engine's order: lookahead reserved per request (the draft runs as deep as
+    the deepest), then last step's drafts verified (a prefix accepted at rate alpha per position)."""
+    caps = [ctrl.reservation(r) for r in ids]
+    accepted = [int(np.argmin(np.append(rng.random(k) < alpha, False))) for k in ks]
+    for r, k, a in zip(ids, ks, accepted):
+        ctrl.observe(r, k, a)
+    return caps, max(caps), accepted
+
+
 def simulate(alpha: float, draft_overhead: float, steps: int = 600, batch: int = 8) -> float:
     """Tokens per second of adaptive depth over a batch, as the engine runs it (reserve, draft at the
     deepest reservation, choose within it), against a step cost of 1 + 0.02 T + draft_overhead
@@ -138,11 +149,7 @@ def simulate(alpha: float, draft_overhead: float, steps: int = 600, batch: int =
     ks = [0] * batch
     emitted = seconds = 0.0
     for _ in range(steps):
-        caps = [ctrl.reservation(r) for r in ids]
-        depth = max(caps)
-        accepted = [int(np.argmin(np.append(rng.random(k) < alpha, False))) for k in ks]
-        for r, k, a in zip(ids, ks, accepted):
-            ctrl.observe(r, k, a)
+        caps, depth, accepted = _reserve_and_verify(ctrl, ids, ks, alpha, rng)
         step = 1.0 + 0.02 * (batch + sum(ks)) + (draft_overhead if depth else 0.0)
         ctrl.observe_step(Step(batch + sum(ks), batch * depth, step, batch, batch + sum(accepted), sum(ks)))
         emitted += batch + sum(accepted)
@@ -174,11 +181,7 @@ def simulate_waves(alpha: float, draft_overhead: float, batches: list[int], wave
         ks = [0] * batch
         prefill = True
         for _ in range(wave_steps):
-            caps = [ctrl.reservation(r) for r in ids]
-            depth = max(caps)
-            accepted = [int(np.argmin(np.append(rng.random(k) < alpha, False))) for k in ks]
-            for r, k, a in zip(ids, ks, accepted):
-                ctrl.observe(r, k, a)
+            caps, depth, accepted = _reserve_and_verify(ctrl, ids, ks, alpha, rng)
             tokens = batch * 30 if prefill else batch + sum(ks)
             mean = 1.0 + 0.02 * tokens + (draft_overhead if depth else 0.0)
             step = mean * float(np.exp(noise * rng.standard_normal() - noise ** 2 / 2))

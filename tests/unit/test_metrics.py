@@ -36,3 +36,5 @@ def test_engine_figures_ride_in_a_shared_dict_and_leave_it_as_found() -> None:
     assert back.chosen_k == {0: 2, 3: 2, 8: 1} and back.steps_without_draft == 2
     assert back.draft_forwards == 3 and back.draft_us == 4200
     assert EngineFigures.take_from(carrier) is None
+    back.add(back)
+    assert back.chosen_k == {0: 4, 3: 4, 8: 2} and back.draft_us == 8400 and back.steps_without_draft == 4
