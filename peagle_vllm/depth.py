@@ -158,7 +158,7 @@ class DepthController:
         # per batch-size bucket: recent plain steps (no draft ran, nothing verified) and steps that ran
         # the draft or verified drafts (all speculation costs)
         self.speeds: dict[int, tuple[_Speed, _Speed]] = {}
-        self.k_counts = np.zeros(k + 1, dtype=np.int64)  # chosen K per request per step, since the last summary
+        self.summarized = 0  # `steps` at the latest summary
 
     def observe(self, req_id: str, num_draft: int, num_accepted: int) -> None:
         """One verification result: drafts 1..num_accepted accepted, draft num_accepted+1 rejected."""
@@ -294,7 +294,6 @@ class DepthController:
             self._stats(rid).last_k = k
             out.append(k)
         self.typical_k = max(out)
-        self.k_counts += np.bincount(out, minlength=kmax + 1)
         return out
 
     def _stay_in_fallback(self, req_ids: list[str]) -> list[int]:
@@ -303,22 +302,17 @@ class DepthController:
         for rid in req_ids:
             self._stats(rid).last_k = 0
         self.typical_k = 0
-        self.k_counts[0] += len(req_ids)
         return [0] * len(req_ids)
 
     def summary(self) -> str:
-        """One log line on the choices since the last call (then reset): K distribution, fallbacks,
-        and the fitted step cost, whose draft terms are the measured cost of drafting."""
-        total = int(self.k_counts.sum())
-        if not total:
+        """One log line on the controller's state when it chose since the last call: speculating or in
+        fallback, and the fitted step costs, whose draft terms are the measured cost of drafting (the
+        chosen K themselves are counted by the engine figures, `peagle:chosen_k`)."""
+        if self.steps == self.summarized:
             return ""
-        ks = np.arange(len(self.k_counts))
+        self.summarized = self.steps
         (s0, s1, s2), p0 = self.cost.s, self.cost.p0
         plain = "not measured yet" if p0 is None else f"{1e3 * p0:.2f} ms"
-        line = (f"chosen K mean {float(ks @ self.k_counts) / total:.2f} (0: {self.k_counts[0] / total:.0%}, "
-                f"1-4: {self.k_counts[1:5].sum() / total:.0%}, 5-16: {self.k_counts[5:17].sum() / total:.0%}, "
-                f">16: {self.k_counts[17:].sum() / total:.0%}), {'speculating' if self.speculating else 'fallback'}; "
+        return (f"{'speculating' if self.speculating else 'fallback'}, probe interval {self.probe_interval} steps; "
                 f"fitted step cost: plain {plain}, with the draft {1e3 * s0:.2f} ms + {1e3 * s2:.4f} ms/draft row, "
                 f"+ {1e3 * s1:.3f} ms/token")
-        self.k_counts[:] = 0
-        return line

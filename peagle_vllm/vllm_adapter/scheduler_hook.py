@@ -12,7 +12,7 @@
 - The KV manager's allocate_slots reserves each request's draft-head lookahead for its own K.
 - `update_from_output`: accepted counts per request and the step's time, token count and draft rows
   feed the controller; finished requests are forgotten; every 10 s a `p_eagle depth:` line logs the
-  chosen-K distribution, fallbacks, the fitted draft cost and the blocks released early.
+  controller's regime, its probe interval, the fitted step costs and the blocks released early.
 - `make_stats`: the K chosen per request, steps without a draft and the draft time measured in the
   worker ride to the front end in vLLM's per-step SchedulerStats (`metrics_hook` takes them out
   again before vLLM's loggers read it), for any p_eagle scheduler, fixed K included.
@@ -100,16 +100,16 @@ def _wrap_update_drafts(original):
     def update_draft_token_ids(self, draft_token_ids):
         ctrl: DepthController | None = getattr(self, ATTR, None)
         figures: EngineFigures | None = getattr(self, FIGURES_ATTR, None)
-        if ctrl is None or not draft_token_ids.req_ids:
-            if figures is not None and draft_token_ids.req_ids:
-                figures.add_choices([len(d) for d in draft_token_ids.draft_token_ids])
-            return original(self, draft_token_ids)
         req_ids = list(draft_token_ids.req_ids)
-        ks = ctrl.choose(req_ids, [self._peagle_reserved.get(rid, ctrl.opt.max_k) for rid in req_ids])
-        draft_token_ids.draft_token_ids = [list(d) if self._peagle_seeded(rid) else list(d)[:k] for rid, d, k in
-                                           zip(req_ids, draft_token_ids.draft_token_ids, ks)]
-        figures.add_choices([len(d) for d in draft_token_ids.draft_token_ids])
+        if ctrl is not None and req_ids:
+            ks = ctrl.choose(req_ids, [self._peagle_reserved.get(rid, ctrl.opt.max_k) for rid in req_ids])
+            draft_token_ids.draft_token_ids = [list(d) if self._peagle_seeded(rid) else list(d)[:k]
+                                               for rid, d, k in zip(req_ids, draft_token_ids.draft_token_ids, ks)]
+        if figures is not None and req_ids:
+            figures.add_choices([len(d) for d in draft_token_ids.draft_token_ids])
         out = original(self, draft_token_ids)
+        if ctrl is None:
+            return out
         for rid in req_ids:
             request = self.requests.get(rid)
             if request is None or request.is_finished():
