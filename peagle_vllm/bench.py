@@ -1,18 +1,24 @@
 """`peagle-vllm bench`: side-by-side offline throughput on the same target and prompts —
 no speculation, vLLM eagle3 (sequential), vLLM's built-in parallel drafting, and p_eagle with the
 standard and the depth head — as ratios measured in one run. Writes a markdown table, JSON with
-every raw figure, and PNG plots (speedup vs K per concurrency; per-position acceptance)."""
+every raw figure, and PNG plots (speedup vs K per concurrency; per-position acceptance).
+With several rounds, every mode runs every cell once per round, so that the machine's slow spells hit
+every mode alike: offline, all engines are built at once and take turns cell by cell; served, each
+round starts every mode's server again (the order reversed every other round). A cell's figure is
+then the median of its rounds, with their spread."""
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from peagle_vllm.corpus import held_out_prompts
-from peagle_vllm.runs import SpecFigures, close_llm, make_llm, set_cpu_defaults, spec_figures
+from peagle_vllm.runs import SpecFigures, close_llm, make_llm, set_cpu_defaults
 
 
 @dataclass(frozen=True)
@@ -55,23 +61,42 @@ def _measure(llm, prompts: list[str], concurrency: int, max_tokens: int, tempera
     # (it rewinds the request's generator, which CPU generators cannot do), with or without speculation
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True)
     todo = requests_for(prompts, concurrency)
-    before = spec_figures(llm)
     t0 = time.perf_counter()
     outs = [o for i in range(0, len(todo), concurrency)
             for o in llm.generate(todo[i: i + concurrency], params, use_tqdm=False)]
     seconds = time.perf_counter() - t0
-    spec: SpecFigures = spec_figures(llm).minus(before)
+    spec = _spec_figures(outs)
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     return {"tokens_per_s": tokens / seconds, "seconds": seconds, "acceptance_length": spec.acceptance_length,
             "per_position": spec.per_position_rate}
 
 
+def _spec_figures(outs) -> SpecFigures:
+    """Drafts verified, drafts and accepted per position, summed over the outputs' own spec-decode
+    histograms (vLLM's per-request option; the process-wide counters would mix engines that run side
+    by side)."""
+    total = SpecFigures()
+    for out in outs:
+        m = out.outputs[0].spec_decode_metrics
+        if m is None or not sum(m.histogram):
+            continue
+        hist = m.histogram
+        total.drafts += sum(hist)
+        total.draft_tokens += m.num_draft_tokens
+        total.accepted += sum(j * n for j, n in enumerate(hist))
+        for i in range(1, len(hist)):  # steps that accepted the draft at position i
+            if i > len(total.per_position):
+                total.per_position.append(0)
+            total.per_position[i - 1] += sum(hist[i:])
+    return total
+
+
 def run_bench(models: Path, out_dir: Path, ks: list[int], concurrencies: list[int], temperatures: list[float],
               max_tokens: int, modes: list[str] | None = None, adaptive_ks: list[int] | None = None,
-              interfaces: tuple[str, ...] = ("offline",)) -> list[dict]:
+              interfaces: tuple[str, ...] = ("offline",), rounds: int = 1) -> list[dict]:
     """Every chosen mode at every K (adaptive modes at `adaptive_ks`, their K_max, when given),
-    concurrency and temperature, offline (`LLM`) and/or served (HTTP streaming); rows with raw
-    figures and ratios."""
+    concurrency and temperature, offline (`LLM`) and/or served (HTTP streaming), `rounds` times;
+    rows with raw figures (medians over the rounds) and ratios."""
     from tqdm import tqdm
 
     from peagle_vllm.bench_served import run_mode
@@ -88,29 +113,37 @@ def run_bench(models: Path, out_dir: Path, ks: list[int], concurrencies: list[in
 
     jobs = [(m, k) for m in chosen for k in mode_ks(m)]
     rows: list[dict] = []
-    bar = tqdm(total=len(jobs) * len(concurrencies) * len(temperatures) * len(interfaces), desc="bench")
-    for interface in interfaces:
-        for mode, k in jobs:
-            def add(conc: int, temperature: float, figures: dict) -> None:
-                rows.append({"interface": interface, "mode": mode.name, "k": k, "concurrency": conc,
-                             "temperature": temperature, **figures})
-                bar.set_postfix_str(f"{interface} {mode.name} K={k} c={conc} T={temperature}")
-                bar.update()
+    bar = tqdm(total=len(jobs) * len(concurrencies) * len(temperatures) * len(interfaces) * rounds, desc="bench")
 
-            if interface == "served":
-                run_mode(target, mode.spec(models, k), prompts, concurrencies, temperatures, max_tokens, add)
-                continue
-            llm = make_llm(str(target), mode.spec(models, k), max_num_seqs=max(concurrencies))
-            _measure(llm, prompts, WARMUP[0], WARMUP[1], 0.0)
-            for temperature in temperatures:
-                for conc in concurrencies:
-                    add(conc, temperature, _measure(llm, prompts, conc, max_tokens, temperature))
-            close_llm(llm)
+    def add(interface: str, rnd: int, mode: Mode, k: int, conc: int, temperature: float, figures: dict) -> None:
+        rows.append({"interface": interface, "mode": mode.name, "k": k, "concurrency": conc,
+                     "temperature": temperature, **figures})
+        bar.set_postfix_str(f"{interface} round {rnd + 1} {mode.name} K={k} c={conc} T={temperature}")
+        bar.update()
+
+    for interface in interfaces:
+        if interface == "offline" and rounds > 1:
+            _offline_interleaved(target, models, jobs, prompts, concurrencies, temperatures, max_tokens, rounds,
+                                 functools.partial(add, interface))
+            continue
+        for rnd in range(rounds):
+            for mode, k in (jobs if rnd % 2 == 0 else jobs[::-1]):
+                on_row = functools.partial(add, interface, rnd, mode, k)
+                if interface == "served":
+                    run_mode(target, mode.spec(models, k), prompts, concurrencies, temperatures, max_tokens, on_row)
+                    continue
+                llm = _engine(target, mode.spec(models, k), max(concurrencies))
+                _measure(llm, prompts, WARMUP[0], WARMUP[1], 0.0)
+                for temperature in temperatures:
+                    for conc in concurrencies:
+                        on_row(conc, temperature, _measure(llm, prompts, conc, max_tokens, temperature))
+                close_llm(llm)
     bar.close()
+    rows = median_of_rounds(rows)
     _add_ratios(rows)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {_cpus()} CPUs",
-            "max_tokens": max_tokens, "prompts": len(prompts)}
+            "max_tokens": max_tokens, "prompts": len(prompts), "rounds": rounds}
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (out_dir / "bench.md").write_text(markdown_table(rows) + "\n" + adaptive_summary(rows))
     _plot(rows, out_dir)
@@ -121,6 +154,50 @@ def _cpus() -> int:
     import os
 
     return len(os.sched_getaffinity(0))
+
+
+def _engine(target: Path, spec: dict | None, max_num_seqs: int):
+    """An offline engine whose outputs carry their spec-decode histograms (see `_spec_figures`)."""
+    extra = {} if spec is None else {"per_request_spec_decode_metrics": "summary"}
+    return make_llm(str(target), spec, max_num_seqs=max_num_seqs, **extra)
+
+
+def _offline_interleaved(target: Path, models: Path, jobs: list[tuple[Mode, int]], prompts: list[str],
+                         concurrencies: list[int], temperatures: list[float], max_tokens: int, rounds: int,
+                         add) -> None:
+    """Every job's engine at once (about 1 GiB each), each cell then measured round after round with
+    every engine in turn (the order rotated each round), so that a slow spell of the machine falls on
+    all modes of a cell alike rather than on whichever mode ran then."""
+    engines = []
+    try:
+        for mode, k in jobs:
+            engines.append(_engine(target, mode.spec(models, k), max(concurrencies)))
+            _measure(engines[-1], prompts, WARMUP[0], WARMUP[1], 0.0)
+        for temperature in temperatures:
+            for conc in concurrencies:
+                for rnd in range(rounds):
+                    turn = rnd % len(jobs)
+                    for (mode, k), llm in list(zip(jobs, engines))[turn:] + list(zip(jobs, engines))[:turn]:
+                        add(rnd, mode, k, conc, temperature, _measure(llm, prompts, conc, max_tokens, temperature))
+    finally:
+        for llm in engines:
+            close_llm(llm)
+
+
+def median_of_rounds(rows: list[dict]) -> list[dict]:
+    """One row per mode, K and cell: the round with the median throughput (the lower middle one for an
+    even count), with every round's throughput (sorted) and their spread ((max - min) / median)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["mode"], r["k"], *_cell(r)), []).append(r)
+    out = []
+    for same in groups.values():
+        same = sorted(same, key=lambda r: r["tokens_per_s"])
+        mid = same[(len(same) - 1) // 2]
+        runs = [r["tokens_per_s"] for r in same]
+        out.append({**mid, "rounds_tokens_per_s": [round(t, 1) for t in runs],
+                    "spread": round((runs[-1] - runs[0]) / statistics.median(runs), 3)})
+    return out
 
 
 def _cell(r: dict) -> tuple:
@@ -160,14 +237,22 @@ def adaptive_summary(rows: list[dict], fixed: str = "p_eagle-depth", adaptive: s
         same = [r for r in rows if _cell(r) == cell]
         best = max((r for r in same if r["mode"] == fixed), key=lambda r: r["tokens_per_s"], default=None)
         for r in (r for r in same if r["mode"] == adaptive and best is not None):
+            base = next((x for x in same if x["mode"] == "no-spec"), None)
             lines.append(f"| {cell[0]} | {cell[1]} | {cell[2]:g} | {r['k']} | {r['tokens_per_s']:.1f} | {best['k']} | "
                          f"{best['tokens_per_s']:.1f} | {r['tokens_per_s'] / best['tokens_per_s']:.2f} | "
-                         f"{r['vs_no_spec'] or 0:.2f} |")
+                         f"{r['vs_no_spec'] or 0:.2f} | {_spread(r)} / {_spread(best)} / {_spread(base)} |")
     if not lines:
         return ""
     return ("| interface | conc. | T | adaptive K_max | adaptive tokens/s | best fixed K | its tokens/s "
-            "| adaptive / best fixed | adaptive / no-spec |\n|---|---|---|---|---|---|---|---|---|\n"
-            + "\n".join(lines) + "\n")
+            "| adaptive / best fixed | adaptive / no-spec | spread over rounds: adaptive / best fixed / no-spec |"
+            "\n|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+
+
+def _spread(row: dict | None) -> str:
+    """A row's spread over its rounds in percent; "-" for a single round (or no row)."""
+    if row is None or len(row.get("rounds_tokens_per_s", ())) < 2:
+        return "-"
+    return f"{100 * row['spread']:.0f}%"
 
 
 def _plot(rows: list[dict], out_dir: Path) -> None:

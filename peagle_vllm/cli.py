@@ -139,7 +139,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     temperatures = args.temperature or ([0.0] if quick else [0.0, 1.0])
     rows = run_bench(Path(args.models), Path(args.out), ks, concurrencies, temperatures,
                      args.max_tokens or (64 if quick else 128), args.modes, args.adaptive_k,
-                     tuple(args.interface or (["offline"] if quick else ["offline", "served"])))
+                     tuple(args.interface or (["offline"] if quick else ["offline", "served"])), args.rounds)
     print(markdown_table(rows))
     print(adaptive_summary(rows))
     print(f"written: {args.out}/bench.md, bench.json, speedup_vs_k.png, per_position_acceptance.png")
@@ -202,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--interface", nargs="*", choices=["offline", "served"],
                    help="offline LLM and/or served HTTP streaming (default: both; --quick: offline)")
     b.add_argument("--adaptive-k", type=int, nargs="*", help="K_max of the adaptive mode (default: every --k)")
+    b.add_argument("--rounds", type=int, default=1, help="measure every cell this many times, modes alternating, "
+                   "a fresh engine each time; report the median and the spread")
     b.add_argument("--modes", nargs="*", help="subset of: no-spec vllm-eagle3 vllm-parallel p_eagle-standard "
                    "p_eagle-depth p_eagle-depth-adaptive")
     b.set_defaults(func=cmd_bench)

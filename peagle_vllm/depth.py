@@ -8,23 +8,34 @@ costs s0 + s1 T + s2 D; a plain step (no draft) costs p0 + s1 T, and s0 - p0 is 
 draft path at all costs (on a small target it can exceed a whole plain step). Emitted tokens are
 B + the sum of P over the drafts kept. Since P_r(i) falls with i, the best set of drafts is the
 top-n values of P overall for some n: sort once, pick the n maximising (B + prefix sum) / cost(n),
-where n = 0 is a plain step (nothing verified, nothing drafted). The model can be biased (costs that
-are not linear, overheads it cannot see), so the measured speed (tokens per request-second) of
-recent speculative and plain decode steps has the last word: while speculation measures slower
-(steps that only ran the draft count as speculative: they paid for it), every request is at K=0.
-Requests whose K is 0 fall back to plain decoding; when every request is there, no draft runs at
-all. Probes: after `probe_every` steps in fallback, requests get a short draft again, and for
-`probe_steps` steps the model alone chooses K (growing as the reservations allow), so that the
-measured speed of speculation is that of the K it would use, not of a token probe; the interval
-doubles, up to 16x, while fallback keeps winning, and starts again from `probe_every` only after
-speculation has held for that many steps. Every `explore_every` steps of speculation a plain step
-is forced, so that both sides of the cost model stay measured, and so is every step at a batch size
-whose plain speed is not measured yet (speculation there waits for a plain step to compare with).
+where n = 0 is a plain step (nothing verified, nothing drafted).
+
+Measured speeds. The model can be biased (costs that are not linear, overheads it cannot see), so
+the measured speed (tokens per request-second, per batch size within a factor of two) of recent
+steady plain steps (no draft, nothing verified) and steady speculative ones (drafts verified, a
+draft run) has the last word both ways: while speculation measures slower, every request is at
+K=0 (no draft runs at all); while it measures faster, the model picks the best n > 0; within `TIE`
+of each other the current regime stays. Left out: steps with a prompt in them, and the steps of a
+switch, paid once per stretch of speculation (the step that drafts with nothing to verify, the one
+after it, whose drafts came from a head whose KV misses the plain steps before, and the first
+plain step after a draft, which carries the last choice's bookkeeping and the blocks it hands
+back). Plain speeds have a short memory (their steps vary in time only, and an engine's first
+steps are slow), speculative ones a long one (one step's accepted count varies by half its mean).
+
+Trials. Speculation is timed afresh by a trial: it runs at the K the model picks until
+`probe_steps` steady steps are timed (the engine's start is one). In fallback a trial comes after
+a number of steps set by what one costs at the measured speeds: about `PROBE_BUDGET` of the time
+(a near tie is tried every `probe_every` steps, a clear loss up to 64x less often), and at once
+when the batch is smaller than any tried so far (a lower load level, where speculation gains
+more). Its drafts start as deep as speculation last went. While speculating, two plain steps are
+forced every `explore_every` steps (the second one is timed), and plain steps are forced at a batch
+size whose plain speed is not measured yet.
 
 KV lookahead follows each request's own K: `reservation` says how many drafts a request may get at
-its next choice (at most twice its last K, so K can grow step by step; 0 in fallback until a probe),
-the scheduler reserves draft-head slots for that many only, the head drafts only as deep as the
-deepest reservation, and `choose` never exceeds what was reserved.
+its next choice (at most twice its last K, so K can grow step by step; 0 in fallback until a probe,
+which starts from the K speculation last used), the scheduler reserves draft-head slots for that
+many only, the head drafts only as deep as the deepest reservation, and `choose` never exceeds what
+was reserved.
 """
 
 from __future__ import annotations
@@ -34,16 +45,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 PRIOR_DECAY = 0.97  # weight of the past in the all-request prior, per observation
+PLAIN_DECAY = 0.8  # plain steps vary in time only: a few recent ones say what plain decoding costs now
+TIE = 0.05  # speeds within this fraction of each other are a tie: the current regime stays
+PROBE_BUDGET = 0.01  # share of time a probe's steady steps may cost while plain decoding measures faster
 
 
 @dataclass
 class DepthOptions:
     max_k: int
     min_k: int = 0
-    probe_every: int = 16
+    probe_every: int = 16  # fewest steps between two probes (near ties); at most 64x as many
     probe_k: int = 2
-    probe_steps: int = 4  # steps of a probe in which measured speeds do not overrule the model
-    explore_every: int = 64  # a plain step is forced this often while speculating
+    probe_steps: int = 4  # steady speculative steps a probe (a trial of speculation) times
+    explore_every: int = 128  # plain steps are forced this often while speculating
     decay: float = 0.9  # weight of the past per observation (per request)
     prior_weight: float = 2.0  # pseudo-observations of the global prior in each request's estimate
 
@@ -74,7 +88,7 @@ class Step:
 class _Speed:
     """Tokens per request-second of one kind of step, from decayed sums (recent steps weigh more)."""
 
-    decay: float = 0.8
+    decay: float = 0.95  # some 20 steps: one step's accepted count varies by half its mean
     tokens: float = 0.0
     request_seconds: float = 0.0
 
@@ -148,17 +162,20 @@ class DepthController:
         self.prior_hits = np.zeros(k)
         self.cost = CostModel()
         self.typical_k = k  # largest K of the latest choice: what a new request may start from
+        self.spec_k = k  # largest K of the latest speculative choice: where a probe starts
         self.steps = 0  # choices made: the clock of probes and exploration
         self.speculating = True  # whether the latest choice found drafting worth its cost
-        self.probe_interval = options.probe_every  # doubles after each probe that confirms the fallback
+        self.probe_interval = options.probe_every  # steps from entering fallback to the next probe
         self.next_probe = options.probe_every
-        self.probe_until = 0  # the current probe's last step
-        self.plain_next = False  # an exploration step was chosen: reserve nothing, so no draft runs
-        self.spec_since = 0  # step at which the current stretch of speculation began
-        # per batch-size bucket: recent plain steps (no draft ran, nothing verified) and steps that ran
-        # the draft or verified drafts (all speculation costs)
+        self.trial_left = options.probe_steps  # steady speculative steps the current trial still has to time
+        self.probe_until = 4 * options.probe_steps  # the current trial's last step at the latest
+        self.plain_left = 0  # exploration's forced plain steps still to come
+        self.plain_forced = False  # the latest choice forced a plain step: reserve nothing, so no draft runs
+        # per batch-size bucket: speeds of steady plain and steady speculative steps
         self.speeds: dict[int, tuple[_Speed, _Speed]] = {}
         self.summarized = 0  # `steps` at the latest summary
+        self._last = (False, False)  # the latest step opened a stretch of speculation; it ran a draft
+        self.tried: set[int] = set()  # batch-size buckets where a trial of speculation has run
 
     def observe(self, req_id: str, num_draft: int, num_accepted: int) -> None:
         """One verification result: drafts 1..num_accepted accepted, draft num_accepted+1 rejected."""
@@ -183,25 +200,54 @@ class DepthController:
         return s
 
     def observe_step(self, step: Step) -> None:
-        """One engine step: it fits the cost model, and the measured speed of plain steps and of
-        speculative ones (a step that ran the draft but verified nothing, like the first half of a
-        probe, counts there: it paid for the draft) decides between the two. Steps with a prompt in
-        them are left out of the speeds: a prefill in a plain stretch would make plain look slow."""
+        """One engine step: it fits the cost model, and the measured speed of steady plain steps and
+        of steady speculative ones (see the module's doc) decides between the two. Steps with a
+        prompt in them are left out of the speeds: a prefill in a plain stretch would make plain
+        look slow."""
         self.cost.observe(step.tokens, step.draft_rows, step.seconds)
+        (opened, drafted), self._last = self._last, (bool(step.draft_rows and not step.verified), bool(step.draft_rows))
         if step.seconds <= 0 or not step.emitted or not step.decode_only:
             return
-        plain, spec = self.speeds.setdefault(_bucket(step.requests), (_Speed(), _Speed()))
-        (spec if step.draft_rows or step.verified else plain).add(step)
+        plain, spec = self.speeds.setdefault(_bucket(step.requests), (_Speed(PLAIN_DECAY), _Speed()))
+        if step.draft_rows and step.verified and not opened:
+            spec.add(step)
+            self.trial_left = max(self.trial_left - 1, 0)
+        elif not step.draft_rows and not step.verified and not drafted:
+            plain.add(step)
 
-    def speculation_measured_slower(self, batch: int) -> bool:
-        """Recent speculative steps emitted fewer tokens per request-second than plain ones, at about
-        this batch size (per-request speed falls with the batch: only like is compared with like; the
-        nearest measured bucket stands in until this one is)."""
+    def _measured_speeds(self, batch: int) -> tuple[float, float] | None:
+        """(plain, speculative) tokens per request-second at about this batch size (per-request speed
+        falls with the batch: only like is compared with like; the nearest measured bucket stands in
+        until this one is, the larger of two as near: speculation gains less at larger batches, and
+        a wrong speculation costs more than a wrong fallback); None before both are measured."""
         measured = [b for b, (p, s) in self.speeds.items() if p.value is not None and s.value is not None]
         if not measured:
-            return False
-        plain, spec = self.speeds[min(measured, key=lambda b: abs(b - _bucket(batch)))]
-        return spec.value <= plain.value
+            return None
+        plain, spec = self.speeds[min(measured, key=lambda b: (abs(b - _bucket(batch)), -b))]
+        return plain.value, spec.value
+
+    def speculation_measured_faster(self, batch: int) -> bool | None:
+        """Whether speculation measures faster than plain decoding at about this batch size; within
+        `TIE` of each other the current regime stands (switching costs a step each way); None before
+        both are measured."""
+        speeds = self._measured_speeds(batch)
+        if speeds is None:
+            return None
+        plain, spec = speeds
+        if abs(spec - plain) <= TIE * plain:
+            return self.speculating
+        return spec > plain
+
+    def _fallback_interval(self, batch: int) -> int:
+        """Steps in fallback before the next probe: a probe's cost (its steps at the measured speed of
+        speculation, in plain steps lost) over `PROBE_BUDGET`, so that probing costs about that share
+        of the time (near ties are probed often, clear losses seldom); within 1x-64x `probe_every`."""
+        speeds = self._measured_speeds(batch)
+        if speeds is None:
+            return self.opt.probe_every
+        plain, spec = speeds
+        lost = (self.opt.probe_steps + 2) * max(plain / max(spec, 1e-9) - 1.0, 0.0)
+        return int(np.clip(lost / PROBE_BUDGET, self.opt.probe_every, 64 * self.opt.probe_every))
 
     def _plain_unmeasured(self, batch: int) -> bool:
         """No plain decode step has been timed at about this batch size yet (a new load level)."""
@@ -237,13 +283,14 @@ class DepthController:
         """Most drafts this request may be given at its next choice (and lookahead to reserve for)."""
         s = self.requests.get(req_id)
         last = self.typical_k if s is None or s.last_k is None else s.last_k
-        if self.plain_next or (last == 0 and not self.speculating and self.steps + 1 < self.next_probe):
+        if self.plain_forced or (last == 0 and not self.speculating and self.steps + 1 < self.next_probe):
             return self.opt.min_k  # exploring, or in fallback with no probe due: plain decoding next step
-        return int(min(self.opt.max_k, max(2 * last, self.opt.probe_k, self.opt.min_k)))
+        start = self.spec_k if last == 0 else 2 * last  # a request back from K=0 starts where speculation stood
+        return int(min(self.opt.max_k, max(start, self.opt.probe_k, self.opt.min_k)))
 
-    def _best_draft_count(self, curves: np.ndarray) -> tuple[int, np.ndarray]:
+    def _best_draft_count(self, curves: np.ndarray, speculate: bool) -> tuple[int, np.ndarray]:
         """n maximising expected tokens per predicted second over the top-n acceptance probabilities
-        (n = 0: a plain step), and those probabilities sorted."""
+        (n = 0: a plain step, not a candidate when `speculate`), and those probabilities sorted."""
         b, kmax = curves.shape
         order = np.argsort(curves.ravel(), kind="stable")[::-1]
         flat = curves.ravel()[order]
@@ -251,7 +298,8 @@ class DepthController:
         gain = b + np.concatenate([[0.0], np.cumsum(flat)])
         tokens = b + np.arange(len(flat) + 1)
         rows = np.concatenate([[0], b * depth])
-        return int(np.argmax(gain / np.maximum(self.cost.seconds(tokens, rows), 1e-9))), flat  # fit may reach 0
+        speed = gain / np.maximum(self.cost.seconds(tokens, rows), 1e-9)  # the fit may reach 0
+        return (1 + int(np.argmax(speed[1:])) if speculate else int(np.argmax(speed))), flat
 
     def choose(self, req_ids: list[str], caps: list[int] | None = None) -> list[int]:
         """K for each request of this step's batch; `caps` (e.g. the drafts whose KV slots were
@@ -260,45 +308,53 @@ class DepthController:
             return []
         self.steps += 1
         kmax = self.opt.max_k
-        slower = self.steps > self.probe_until and self.speculation_measured_slower(len(req_ids))
-        if slower and not self.speculating and self.steps < self.next_probe:
+        bucket = _bucket(len(req_ids))
+        smaller = bucket < min(self.tried, default=bucket + 1)  # speculation gains most at small batches
+        probe = not self.speculating and (self.steps >= self.next_probe or smaller)
+        if probe:  # a trial: speculation runs at the model's K until its speed is timed afresh
+            self.next_probe = self.steps + self.probe_interval  # (set again when the trial ends in fallback)
+            self.trial_left, self.probe_until = self.opt.probe_steps, self.steps + 4 * self.opt.probe_steps
+            speeds = self.speeds.get(bucket)
+            if speeds is not None:
+                self.speeds[bucket] = (speeds[0], _Speed())
+        in_trial = self.trial_left > 0 and self.steps <= self.probe_until
+        if in_trial:
+            self.tried.add(bucket)
+        # measured speeds overrule the model (whose costs may be biased) both ways, outside trials
+        faster = True if in_trial else self.speculation_measured_faster(len(req_ids))
+        if faster is False and not self.speculating:
             return self._stay_in_fallback(req_ids)
         curves = self._accept_curves(req_ids)
-        n, flat = self._best_draft_count(curves)
-        if slower:
-            n = 0  # measured: speculation is slower than plain decoding, whatever the model predicts
+        n, flat = self._best_draft_count(curves, speculate=bool(faster))
+        if faster is False:
+            n = 0
         if self.speculating and n == 0:  # entering fallback: the first probe comes one interval later
+            self.probe_interval = self._fallback_interval(len(req_ids))
             self.next_probe = self.steps + self.probe_interval
-        if n > 0 and not self.speculating:
-            self.spec_since = self.steps
         self.speculating = n > 0
-        self.plain_next = False
-        if self.speculating:
-            if self.steps - self.spec_since >= self.opt.probe_every:  # speculation held up: probe soon again
-                self.probe_interval = self.opt.probe_every  # once it falls back (a short stretch keeps the backoff)
-            unmeasured = self._plain_unmeasured(len(req_ids))
-            if unmeasured or self.steps % self.opt.explore_every == self.opt.probe_every // 2:
-                n, self.plain_next = 0, True  # a forced plain step keeps the cost of plain decoding measured
-        probe = not self.speculating and self.steps >= self.next_probe
-        if probe:
-            self.next_probe = self.steps + self.probe_interval
-            self.probe_interval = min(2 * self.probe_interval, 16 * self.opt.probe_every)
-            self.probe_until = self.steps + self.opt.probe_steps
+        self.plain_left, self.plain_forced = max(self.plain_left - 1, 0), False
+        if self.speculating:  # plain steps keep plain decoding's speed measured (the first one after a draft
+            if not in_trial and self.steps % self.opt.explore_every == self.opt.probe_every // 2:
+                self.plain_left = 2  # carries the switch's cost and is not timed)
+            if self.plain_left or self._plain_unmeasured(len(req_ids)):
+                n, self.plain_forced = 0, True
         threshold = flat[n - 1] if n > 0 else np.inf
         ks = np.clip((curves >= threshold).sum(axis=1), self.opt.min_k, kmax)
         out = []
         for i, (rid, k) in enumerate(zip(req_ids, ks.tolist())):
-            if k == 0 and probe:  # requests in fallback are probed again with a short draft
+            if k == 0 and probe and not self.plain_forced:  # the model says no: probed with a short draft
                 k = min(self.opt.probe_k, kmax)
             k = int(k) if caps is None else min(int(k), caps[i])
             self._stats(rid).last_k = k
             out.append(k)
         self.typical_k = max(out)
+        if self.speculating and self.typical_k:
+            self.spec_k = self.typical_k
         return out
 
     def _stay_in_fallback(self, req_ids: list[str]) -> list[int]:
         """`choose` for a batch in fallback with no probe due: K=0 for all, nothing to weigh."""
-        self.plain_next = False
+        self.plain_left, self.plain_forced = 0, False
         for rid in req_ids:
             self._stats(rid).last_k = 0
         self.typical_k = 0

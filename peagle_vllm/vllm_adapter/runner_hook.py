@@ -5,6 +5,10 @@ Also wraps `GPUModelRunner._update_states`: block lists the scheduler cut after 
 here too before the step's new blocks are appended, the step's draft depth (adaptive depth) is
 kept for the proposer, and, as a test aid, stale KV is poisoned. And `sample_tokens`: the step's
 output carries the draft time to the scheduler (which sends it on to the front end's metrics).
+A plain step (adaptive depth: nothing to verify and no draft to follow, every request in fallback)
+runs `execute_model` and `sample_tokens` with the runner's speculative config set aside, i.e. on
+vLLM's own no-speculation path: no spec-decode metadata, vLLM's plain sampler, no drafter, no
+draft token ids for the scheduler (`take_draft_token_ids` gives none after any depth-0 step).
 """
 
 from __future__ import annotations
@@ -63,12 +67,57 @@ def _wrap_input_fits(original):
     return _input_fits_in_drafter
 
 
+PLAIN_STEP_ATTR = "peagle_plain_step"  # runner attribute: the current step runs without speculation
+
+
+@contextlib.contextmanager
+def _without_speculation(runner):
+    """The runner as vLLM builds it without a speculative config, for one call."""
+    saved, runner.speculative_config = runner.speculative_config, None
+    try:
+        yield
+    finally:
+        runner.speculative_config = saved
+
+
+def _is_plain_step(runner, scheduler_output) -> bool:
+    """A p_eagle step with no drafts to verify whose depth is 0 (no draft follows it)."""
+    from peagle_vllm.vllm_adapter.proposer import PEagleProposer
+
+    return (isinstance(getattr(runner, "drafter", None), PEagleProposer)
+            and getattr(scheduler_output, DRAFT_DEPTH_ATTR, None) == 0
+            and not scheduler_output.scheduled_spec_decode_tokens)
+
+
+def _wrap_execute_model(original):
+    @functools.wraps(original)
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        """A plain step costs what it costs in an engine without speculation."""
+        plain = _is_plain_step(self, scheduler_output)
+        setattr(self, PLAIN_STEP_ATTR, plain)
+        with _without_speculation(self) if plain else contextlib.nullcontext():
+            return original(self, scheduler_output, *args, **kwargs)
+
+    return execute_model
+
+
+def _wrap_take_drafts(original):
+    @functools.wraps(original)
+    def take_draft_token_ids(self):
+        """None after a depth-0 step: no request drafted (the scheduler counts the step as a K=0 choice)."""
+        return None if getattr(self, "peagle_draft_depth", None) == 0 else original(self)
+
+    return take_draft_token_ids
+
+
 def _wrap_sample_tokens(original):
     @functools.wraps(original)
     def sample_tokens(self, *args, **kwargs):
         """Attaches (draft runs, seconds) finished since the last step to this step's output (an
-        attribute: it survives the pickling to the scheduler; async outputs wrap theirs and go without)."""
-        out = original(self, *args, **kwargs)
+        attribute: it survives the pickling to the scheduler; async outputs wrap theirs and go without).
+        A plain step samples as vLLM does without speculation."""
+        with _without_speculation(self) if getattr(self, PLAIN_STEP_ATTR, False) else contextlib.nullcontext():
+            out = original(self, *args, **kwargs)
         timer = getattr(getattr(self, "drafter", None), "draft_timer", None)
         if timer is not None and isinstance(out, ModelRunnerOutput):
             runs, seconds = timer.take()
@@ -80,13 +129,16 @@ def _wrap_sample_tokens(original):
 
 
 def patch() -> None:
-    """Wraps GPUModelRunner.__init__, _update_states, sample_tokens and _input_fits_in_drafter once."""
+    """Wraps GPUModelRunner.__init__, _update_states, execute_model, sample_tokens, take_draft_token_ids
+    and _input_fits_in_drafter once."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     if getattr(GPUModelRunner.__init__, "__peagle_patched__", False):
         return
     GPUModelRunner.__init__ = _wrap(GPUModelRunner.__init__)
     GPUModelRunner._update_states = _wrap_update_states(GPUModelRunner._update_states)
+    GPUModelRunner.execute_model = _wrap_execute_model(GPUModelRunner.execute_model)
     GPUModelRunner.sample_tokens = _wrap_sample_tokens(GPUModelRunner.sample_tokens)
+    GPUModelRunner.take_draft_token_ids = _wrap_take_drafts(GPUModelRunner.take_draft_token_ids)
     if hasattr(GPUModelRunner, "_input_fits_in_drafter"):  # else the proposer returns empty drafts itself
         GPUModelRunner._input_fits_in_drafter = _wrap_input_fits(GPUModelRunner._input_fits_in_drafter)

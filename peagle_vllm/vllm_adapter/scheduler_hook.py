@@ -13,6 +13,8 @@
 - `update_from_output`: accepted counts per request and the step's time, token count and draft rows
   feed the controller; finished requests are forgotten; every 10 s a `p_eagle depth:` line logs the
   controller's regime, its probe interval, the fitted step costs and the blocks released early.
+  After a depth-0 step no draft token ids come (the worker drafted nothing): the controller's choice
+  for that step (K=0 for all) is made here instead.
 - `make_stats`: the K chosen per request, steps without a draft and the draft time measured in the
   worker ride to the front end in vLLM's per-step SchedulerStats (`metrics_hook` takes them out
   again before vLLM's loggers read it), for any p_eagle scheduler, fixed K included.
@@ -108,20 +110,33 @@ def _wrap_update_drafts(original):
         if figures is not None and req_ids:
             figures.add_choices([len(d) for d in draft_token_ids.draft_token_ids])
         out = original(self, draft_token_ids)
-        if ctrl is None:
-            return out
-        for rid in req_ids:
-            request = self.requests.get(rid)
-            if request is None or request.is_finished():
-                continue
-            lookahead = ctrl.opt.max_k if self._peagle_seeded(rid) else ctrl.reservation(rid)
-            released = rollback_hook.release_surplus(self._peagle_trimmable, request, lookahead)
-            if released is not None:
-                self._peagle_block_counts[rid] = released[0]
-                self.peagle_blocks_released += released[1]
+        if ctrl is not None:
+            self._peagle_release_surplus(req_ids)
         return out
 
     return update_draft_token_ids
+
+
+def _release_surplus(self, req_ids: list[str]) -> None:
+    """Hands back the blocks each request's next step will not touch (after its K was chosen)."""
+    ctrl: DepthController = getattr(self, ATTR)
+    for rid in req_ids:
+        request = self.requests.get(rid)
+        if request is None or request.is_finished():
+            continue
+        lookahead = ctrl.opt.max_k if self._peagle_seeded(rid) else ctrl.reservation(rid)
+        released = rollback_hook.release_surplus(self._peagle_trimmable, request, lookahead)
+        if released is not None:
+            self._peagle_block_counts[rid] = released[0]
+            self.peagle_blocks_released += released[1]
+
+
+def _choose_without_drafts(self, req_ids: list[str], figures: EngineFigures | None) -> None:
+    """The choice for a step after which no request drafted (depth 0): K=0 for every request, made by the
+    controller all the same (its clock, probes and fallback bookkeeping run on every step)."""
+    ks = getattr(self, ATTR).choose(req_ids, [0] * len(req_ids))
+    if figures is not None:
+        figures.add_choices(ks)
 
 
 def _is_seeded(self, req_id: str) -> bool:
@@ -177,7 +192,12 @@ def _wrap_update_from_output(original):
                 ctrl.forget(req_id)
                 self._peagle_reserved.pop(req_id, None)
                 self._peagle_seeded_ids.pop(req_id, None)
+        without_drafts = ctrl is not None and getattr(scheduler_output, DRAFT_DEPTH_ATTR, None) == 0
+        if without_drafts:
+            _choose_without_drafts(self, list(scheduler_output.num_scheduled_tokens), figures)
         out = original(self, scheduler_output, model_runner_output)
+        if without_drafts:  # every reservation was 0: only rejected drafts can have left blocks behind
+            self._peagle_release_surplus(list(scheduler_output.scheduled_spec_decode_tokens))
         if ctrl is not None and not self.requests:
             self._peagle_last_step = None  # idle time between requests is no step cost
         return out
@@ -206,6 +226,7 @@ def patch() -> None:
         return
     Scheduler._peagle_seeded = _is_seeded
     Scheduler._peagle_lookahead = _lookahead
+    Scheduler._peagle_release_surplus = _release_surplus
     for name, wrap in (("__init__", _wrap_init), ("schedule", _wrap_schedule),
                        ("update_draft_token_ids", _wrap_update_drafts), ("update_from_output", _wrap_update_from_output),
                        ("make_stats", _wrap_make_stats)):

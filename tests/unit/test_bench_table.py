@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from peagle_vllm.bench import _add_ratios, adaptive_summary, requests_for
+from peagle_vllm.bench import _add_ratios, adaptive_summary, median_of_rounds, requests_for
 
 
 def test_a_cell_sends_every_prompt_and_at_least_its_concurrency() -> None:
@@ -33,3 +33,30 @@ def test_adaptive_summary_compares_with_the_best_fixed_k_found_after_the_fact() 
     line = adaptive_summary(rows).splitlines()[-1]
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[5] == "4" and float(cells[7]) == pytest.approx(99 / 95, abs=0.01) and cells[8] == "0.99"
+
+
+def test_rounds_collapse_to_the_median_round_with_its_spread() -> None:
+    rows = [_row("no-spec", 0, t) for t in (100.0, 80.0, 90.0)] + [_row("p_eagle-depth", 8, 120.0, conc=16)]
+    one, single = median_of_rounds(rows)
+    assert one["tokens_per_s"] == 90.0 and one["rounds_tokens_per_s"] == [80.0, 90.0, 100.0]
+    assert one["spread"] == pytest.approx(20 / 90, abs=1e-3) and single["spread"] == 0.0
+    adaptive = {**_row("p_eagle-depth-adaptive", 32, 99.0), "rounds_tokens_per_s": [95.0, 99.0], "spread": 0.04}
+    cell = [one, _row("p_eagle-depth", 4, 95.0), adaptive]
+    _add_ratios(cell)
+    line = adaptive_summary(cell).splitlines()[-1]
+    assert line.rstrip(" |").endswith("4% / - / 22%")
+
+
+def test_acceptance_is_summed_from_each_outputs_own_histogram() -> None:
+    from types import SimpleNamespace
+
+    from peagle_vllm.bench import _spec_figures
+
+    def out(histogram: list[int], drafted: int):
+        metrics = SimpleNamespace(histogram=histogram, num_draft_tokens=drafted)
+        return SimpleNamespace(outputs=[SimpleNamespace(spec_decode_metrics=metrics)])
+
+    # request 1: steps accepting 0, 2, 2 drafts of 3; request 2: one step accepting 1 of 2; request 3: no speculation
+    figures = _spec_figures([out([1, 0, 2, 0], 9), out([0, 1, 0], 2), out([0], 0)])
+    assert (figures.drafts, figures.draft_tokens, figures.accepted) == (4, 11, 5)
+    assert figures.acceptance_length == 1 + 5 / 4 and figures.per_position == [3, 2, 0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -92,9 +94,9 @@ def test_decision_cost_is_small() -> None:
 
 def test_new_request_that_starts_at_zero_is_still_probed() -> None:
     ctrl = DepthController(DepthOptions(max_k=8, probe_every=4))
-    ctrl.cost.s[1] = 10.0  # verification looks prohibitively expensive at first
-    ks = [ctrl.choose(["fresh"])[0] for _ in range(8)]
-    assert ks.count(0) >= 6 and max(ks) > 0
+    ctrl.cost.s[1] = 10.0  # verification looks prohibitively expensive at first, and is about as dear as it gains
+    ks = run(ctrl, alpha=0.9, steps=40, c1=10.0, req="fresh")
+    assert ks[0] == 0 and ks.count(0) >= 25 and max(ks) > 0
 
 
 def run_reserved(ctrl: DepthController, alpha: float, steps: int, c1: float = 0.01) -> tuple[list[int], list[int]]:
@@ -118,14 +120,33 @@ def test_reservation_follows_the_requests_own_k_and_bounds_it() -> None:
     ctrl = DepthController(DepthOptions(max_k=32, probe_every=8))
     reserved, ks = run_reserved(ctrl, alpha=0.97, steps=120, c1=0.005)
     assert all(k <= cap for k, cap in zip(ks, reserved))
-    assert all(b <= max(2 * a, 2) for a, b in zip(ks, ks[1:])), "K at most doubles per step"
+    assert all(b <= 2 * a for a, b in zip(ks, ks[1:]) if a), "K at most doubles per step while speculating"
     assert np.mean(ks[-30:]) > 24 and reserved[-1] == 32
     ctrl = DepthController(DepthOptions(max_k=16, probe_every=8))
     run_reserved(ctrl, alpha=0.9, steps=150, c1=0.1)
     reserved, ks = run_reserved(ctrl, alpha=0.0, steps=150, c1=0.1)
     fallback = [cap for cap, k in zip(reserved[-60:], ks[-60:]) if k == 0]
     assert len(fallback) > 45 and sum(cap == 0 for cap in fallback) > 40, "fallback reserves no lookahead"
-    assert max(reserved[-60:]) <= 16, "a probe's reservations grow by doubling over its few steps only"
+
+
+def test_a_probe_starts_where_speculation_last_stood() -> None:
+    """A probe measures the K speculation would run at, not a token draft that grows over the probe;
+    it comes sooner the closer speculation came to plain decoding."""
+    ctrl = DepthController(DepthOptions(max_k=32, probe_every=8))
+    for _ in range(20):
+        ctrl.observe("r", 8, 8)
+    ctrl.observe_step(Step(tokens=1, draft_rows=0, seconds=0.01, requests=1, emitted=1))  # plain: 100 tokens/s
+    ks = []
+    for _ in range(80):  # speculation is timed at 91 tokens/s: slower by more than a tie
+        (k,) = ctrl.choose(["r"], [ctrl.reservation("r")])
+        ks.append(k)
+        ctrl.observe_step(Step(tokens=1 + k, draft_rows=k, seconds=0.022, requests=1, emitted=2, verified=k) if k else
+                          Step(tokens=1, draft_rows=0, seconds=0.01, requests=1, emitted=1))
+    trial = ks.index(0)
+    assert 4 <= trial <= 6 and ks[trial - 1] > 2, "the opening trial times 4 steady steps, then falls back"
+    probe = trial + next(i for i, k in enumerate(ks[trial:]) if k)
+    assert 40 < probe - trial < 80, "a 9% loss: probed after some 60 steps (6 steps lost x 0.09 / 1%)"
+    assert ks[probe] >= ks[trial - 1], "the probe drafts as deep as speculation went"
 
 
 def _reserve_and_verify(ctrl: DepthController, ids: list[str], ks: list[int], alpha: float,
@@ -139,23 +160,29 @@ def _reserve_and_verify(ctrl: DepthController, ids: list[str], ks: list[int], al
     return caps, max(caps), accepted
 
 
-def simulate(alpha: float, draft_overhead: float, steps: int = 600, batch: int = 8) -> float:
+def simulate(alpha: float, draft_overhead: float, steps: int = 600, batch: int = 8, token_cost: float = 0.02,
+             row_cost: float = 0.0, noise: float = 0.0, fixed_k: int | None = None) -> float:
     """Tokens per second of adaptive depth over a batch, as the engine runs it (reserve, draft at the
-    deepest reservation, choose within it), against a step cost of 1 + 0.02 T + draft_overhead
-    whenever a draft runs; divided by the tokens per second of plain decoding."""
+    deepest reservation, choose within it), against a step cost of 1 + token_cost T + draft_overhead +
+    row_cost D whenever a draft of D rows runs (times log-normal noise); divided by the tokens per
+    second of plain decoding. `fixed_k`: a fixed K instead, for comparison."""
     ctrl = DepthController(DepthOptions(max_k=16))
     rng = np.random.default_rng(0)
     ids = [f"r{i}" for i in range(batch)]
     ks = [0] * batch
     emitted = seconds = 0.0
     for _ in range(steps):
-        caps, depth, accepted = _reserve_and_verify(ctrl, ids, ks, alpha, rng)
-        step = 1.0 + 0.02 * (batch + sum(ks)) + (draft_overhead if depth else 0.0)
+        if fixed_k is None:
+            caps, depth, accepted = _reserve_and_verify(ctrl, ids, ks, alpha, rng)
+        else:
+            depth, accepted = fixed_k, [int(np.argmin(np.append(rng.random(k) < alpha, False))) for k in ks]
+        mean = 1.0 + token_cost * (batch + sum(ks)) + ((draft_overhead + row_cost * batch * depth) if depth else 0.0)
+        step = mean * float(np.exp(noise * rng.standard_normal() - noise ** 2 / 2))
         ctrl.observe_step(Step(batch + sum(ks), batch * depth, step, batch, batch + sum(accepted), sum(ks)))
         emitted += batch + sum(accepted)
         seconds += step
-        ks = ctrl.choose(ids, caps)
-    return (emitted / seconds) / (batch / (1.0 + 0.02 * batch))
+        ks = ctrl.choose(ids, caps) if fixed_k is None else [fixed_k] * batch
+    return (emitted / seconds) / (batch / (1.0 + token_cost * batch))
 
 
 def test_falls_back_to_plain_decoding_when_the_draft_path_costs_more_than_it_gains() -> None:
@@ -168,33 +195,50 @@ def test_speculates_when_it_pays() -> None:
     assert simulate(alpha=0.9, draft_overhead=0.05) > 1.5
 
 
-def simulate_waves(alpha: float, draft_overhead: float, batches: list[int], wave_steps: int = 64,
+def test_a_modest_gain_at_batch_one_is_taken() -> None:
+    """Batch 1 on a small target (costs scaled from the demo engine at concurrency 1): running the draft
+    costs 3/4 of a plain step, step times vary by 20%, and speculation wins by some 18% at its best K.
+    Adaptive depth, not knowing which K, takes most of that gain (measured: 0.91 of the best fixed K;
+    one step's accepted count varies by half its mean, so stretches of speculation are judged on
+    noisy figures and a few end early)."""
+    costs = {"alpha": 0.6, "draft_overhead": 0.75, "batch": 1, "token_cost": 0.05, "row_cost": 0.012,
+             "noise": 0.2, "steps": 2000}
+    best = max(simulate(**costs, fixed_k=k) for k in (1, 2, 4, 8, 16))
+    assert 1.1 < best < 1.25, "the premise: speculation pays, modestly"
+    assert simulate(**costs) > max(0.9 * best, 1.0)
+
+
+def simulate_waves(alpha: float, draft_overhead: float, batches: list[int], wave_tokens: int = 64,
                    noise: float = 0.2) -> float:
-    """Like `simulate`, but as a benchmark runs it: waves of new requests, each opening with a prefill
-    step (30 prompt tokens per request), batch sizes changing between waves, step times noisy
-    (log-normal). Tokens per second against plain decoding of the same waves at the mean cost."""
+    """Like `simulate`, but as a benchmark runs it: waves of new requests that each want `wave_tokens`
+    tokens, each wave opening with a prefill step (30 prompt tokens per request) and ending when its
+    requests have their tokens, batch sizes changing between waves, step times noisy (log-normal).
+    The time plain decoding takes for the same waves at the mean cost, over the time taken."""
     ctrl = DepthController(DepthOptions(max_k=16))
     rng = np.random.default_rng(1)
-    emitted = seconds = plain_seconds = 0.0
+    seconds = plain_seconds = 0.0
     for wave, batch in enumerate(batches):
-        ids = [f"w{wave}r{i}" for i in range(batch)]
-        ks = [0] * batch
+        plain_seconds += 1.0 + 0.02 * batch * 30 + (wave_tokens - 1) * (1.0 + 0.02 * batch)
+        left = {f"w{wave}r{i}": wave_tokens for i in range(batch)}
+        ks = {rid: 0 for rid in left}
         prefill = True
-        for _ in range(wave_steps):
-            caps, depth, accepted = _reserve_and_verify(ctrl, ids, ks, alpha, rng)
-            tokens = batch * 30 if prefill else batch + sum(ks)
+        while left:
+            ids = list(left)
+            verified = sum(ks[r] for r in ids)
+            caps, depth, accepted = _reserve_and_verify(ctrl, ids, [ks[r] for r in ids], alpha, rng)
+            tokens = len(ids) * 30 if prefill else len(ids) + verified
             mean = 1.0 + 0.02 * tokens + (draft_overhead if depth else 0.0)
             step = mean * float(np.exp(noise * rng.standard_normal() - noise ** 2 / 2))
-            ctrl.observe_step(Step(tokens, batch * depth, step, batch, batch + sum(accepted), sum(ks)))
-            emitted += batch + sum(accepted)
+            ctrl.observe_step(Step(tokens, len(ids) * depth, step, len(ids), len(ids) + sum(accepted), verified))
             seconds += step
-            plain_seconds += 1.0 + 0.02 * (batch * 30 if prefill else batch)
             prefill = False
-            ks = ctrl.choose(ids, caps)
-        for r in ids:
-            ctrl.forget(r)
-    plain_tokens = sum(batches) * wave_steps
-    return (emitted / seconds) / (plain_tokens / plain_seconds)
+            for r, a in zip(ids, accepted):
+                left[r] -= 1 + a
+            for r in [r for r in ids if left[r] <= 0]:
+                del left[r]
+                ctrl.forget(r)
+            ks = dict(zip(left, ctrl.choose(list(left), [c for r, c in zip(ids, caps) if r in left]))) if left else {}
+    return plain_seconds / seconds
 
 
 def test_in_waves_with_prefills_noise_and_changing_batches_fallback_stays_near_plain() -> None:
@@ -216,3 +260,22 @@ def test_a_new_load_level_is_compared_with_a_timed_plain_step_before_speculating
     assert ctrl.choose(["a"])[0] > 0
     big = [f"r{i}" for i in range(64)]
     assert set(ctrl.choose(big)) == {0}, "batch 64 is another load level: measured plain first"
+
+
+def test_switching_steps_are_not_timed_and_a_batch_between_two_measured_ones_goes_by_the_larger() -> None:
+    ctrl = DepthController(DepthOptions(max_k=8))
+    plain = Step(tokens=1, draft_rows=0, seconds=0.01, requests=1, emitted=1)
+    opening = Step(tokens=1, draft_rows=8, seconds=0.03, requests=1, emitted=1)
+    spec = Step(tokens=9, draft_rows=8, seconds=0.02, requests=1, emitted=3, verified=8)
+    # timed: the first plain step, the second speculative one (the first follows the opening draft,
+    # which the head made without the plain steps' KV) and the last plain one (the one before it
+    # follows a draft)
+    for step in (plain, opening, spec, spec, replace(plain, seconds=0.05), plain):
+        ctrl.observe_step(step)
+    assert ctrl.speeds[1][0].value == pytest.approx(100.0) and ctrl.speeds[1][1].value == pytest.approx(150.0)
+    for _ in range(3):  # batch 4: speculation measured at half the speed of plain decoding
+        ctrl.observe_step(Step(tokens=4, draft_rows=0, seconds=0.01, requests=4, emitted=4))
+        ctrl.observe_step(Step(tokens=36, draft_rows=32, seconds=0.04, requests=4, emitted=8, verified=32))
+        ctrl.observe_step(Step(tokens=36, draft_rows=32, seconds=0.04, requests=4, emitted=8, verified=32))
+    assert ctrl.speculation_measured_faster(1) is True and ctrl.speculation_measured_faster(4) is False
+    assert ctrl.speculation_measured_faster(2) is False, "batch 2 lies as near batch 1 as batch 4: the larger decides"
