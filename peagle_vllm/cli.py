@@ -29,7 +29,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
         if not p.is_dir():
             _fail(f"{p} does not exist: build the demo models with `python scripts/build_demo_models.py`")
     prompts = held_out_prompts(args.prompts, seed=args.seed)
-    spec = {"method": "p_eagle", "model": str(draft), "num_speculative_tokens": args.k}
+    spec = {"method": "p_eagle", "model": str(draft), "num_speculative_tokens": args.k, "adaptive": not args.fixed_k}
     base = generate(str(target), None, prompts, args.max_tokens)
     ours = generate(str(target), spec, prompts, args.max_tokens)
     report = {
@@ -151,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="serve the demo target with and without p_eagle; print speed and acceptance")
     d.add_argument("--k", type=int, default=8, help="tokens drafted per step (1-32)")
+    d.add_argument("--fixed-k", action="store_true", help="draft K tokens every step (adaptive depth off)")
     d.add_argument("--json", action="store_true", help="print one JSON object")
     d.add_argument("--target", default=str(DEMO_TARGET))
     d.add_argument("--draft", default=str(DEMO_DRAFT))

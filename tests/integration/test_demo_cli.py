@@ -10,7 +10,7 @@ from pathlib import Path
 
 def test_demo_json_reports_speed_acceptance_and_losslessness(demo) -> None:
     run = subprocess.run([sys.executable, "-m", "peagle_vllm.cli", "demo", "--json", "--prompts", "6",
-                          "--max-tokens", "48", "--k", "8"], capture_output=True, text=True, timeout=600)
+                          "--max-tokens", "48", "--k", "8", "--fixed-k"], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert report["greedy_identical"] is True

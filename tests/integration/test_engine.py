@@ -13,11 +13,12 @@ def p_eagle(model, k: int = 8, **extra) -> dict:
 
 
 def test_greedy_identical_to_no_speculation_on_demo_models(demo) -> None:
-    """16 held-out prompts of mixed lengths, batched, 128 new tokens each: token-for-token equal."""
+    """16 held-out prompts of mixed lengths, batched, 128 new tokens each: token-for-token equal (fixed K,
+    so that every step speculates: adaptive depth may rightly fall back at this load on this CPU)."""
     prompts = held_out_prompts(16, min_chars=40, max_chars=900)
     assert len({len(p) for p in prompts}) > 8
     base = generate(str(demo["target"]), None, prompts, 128)
-    ours = generate(str(demo["target"]), p_eagle(demo["draft"], 8), prompts, 128)
+    ours = generate(str(demo["target"]), p_eagle(demo["draft"], 8, adaptive=False), prompts, 128)
     assert ours.token_ids == base.token_ids
     assert all(len(t) == 128 or t for t in ours.token_ids)
     print(f"demo K=8 acceptance length {ours.spec.acceptance_length:.2f}")
