@@ -80,12 +80,10 @@ def _without_speculation(runner):
         runner.speculative_config = saved
 
 
-def _is_plain_step(runner, scheduler_output) -> bool:
-    """A p_eagle step with no drafts to verify whose depth is 0 (no draft follows it)."""
-    from peagle_vllm.vllm_adapter.proposer import PEagleProposer
-
-    return (isinstance(getattr(runner, "drafter", None), PEagleProposer)
-            and getattr(scheduler_output, DRAFT_DEPTH_ATTR, None) == 0
+def _is_plain_step(scheduler_output) -> bool:
+    """A step with no drafts to verify whose depth is 0 (no draft follows it); only a p_eagle
+    scheduler with adaptive depth sends a depth."""
+    return (getattr(scheduler_output, DRAFT_DEPTH_ATTR, None) == 0
             and not scheduler_output.scheduled_spec_decode_tokens)
 
 
@@ -93,7 +91,7 @@ def _wrap_execute_model(original):
     @functools.wraps(original)
     def execute_model(self, scheduler_output, *args, **kwargs):
         """A plain step costs what it costs in an engine without speculation."""
-        plain = _is_plain_step(self, scheduler_output)
+        plain = _is_plain_step(scheduler_output)
         setattr(self, PLAIN_STEP_ATTR, plain)
         with _without_speculation(self) if plain else contextlib.nullcontext():
             return original(self, scheduler_output, *args, **kwargs)
