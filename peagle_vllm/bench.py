@@ -2,10 +2,17 @@
 no speculation, vLLM eagle3 (sequential), vLLM's built-in parallel drafting, and p_eagle with the
 standard and the depth head — as ratios measured in one run. Writes a markdown table, JSON with
 every raw figure, and PNG plots (speedup vs K per concurrency; per-position acceptance).
+Concurrency c means c requests in flight, a new one entering as soon as one ends: served, c
+streaming clients; offline, an engine with `max_num_seqs` c given all of the cell's requests at once
+(as an offline user runs vLLM), so each concurrency gets engines of its own. Prefix caching is off
+in every mode: the same prompts come back in every cell and round, and with caching on their
+prefills would be skipped by modes without a drafter but partly recomputed by EAGLE-style ones
+(vLLM drops their last cached block: 128 tokens on CPU), a difference of the benchmark's repetition,
+not of decoding.
 With several rounds, every mode runs every cell once per round, so that the machine's slow spells hit
-every mode alike: offline, all engines are built at once and take turns cell by cell; served, each
-round starts every mode's server again (the order reversed every other round). A cell's figure is
-then the median of its rounds, with their spread."""
+every mode alike: offline, all engines of a concurrency are built at once and take turns cell by
+cell (the order rotated each round); served, each round starts every mode's server again (the order
+reversed every other round). A cell's figure is then the median of its rounds, with their spread."""
 
 from __future__ import annotations
 
@@ -43,27 +50,27 @@ MODES = [
 ]
 
 
-WARMUP = (16, 32)  # concurrency and tokens of the warm-up cell each mode runs before it is measured
+WARMUP = (4, 32)  # concurrency and tokens of the warm-up cell each engine or server runs before it is measured
 
 
 def requests_for(prompts: list[str], concurrency: int) -> list[str]:
     """The requests of one cell: every prompt at least once (a single prompt at concurrency 1 would
-    measure that prompt, not the traffic), and at least `concurrency` of them."""
-    n = max(concurrency, len(prompts))
+    measure that prompt, not the traffic), and at least two per concurrent slot (the ragged end, where
+    the last requests finish with the batch part empty, then weighs less)."""
+    n = max(2 * concurrency, len(prompts))
     return (prompts * (n // len(prompts) + 1))[:n]
 
 
 def _measure(llm, prompts: list[str], concurrency: int, max_tokens: int, temperature: float) -> dict:
-    """The cell's requests in waves of `concurrency` (offline stand-in for that many concurrent clients)."""
+    """The cell's requests, all at once, to an engine that runs at most `concurrency` of them together
+    (built with that `max_num_seqs`; see `_engine`)."""
     from vllm import SamplingParams
 
     # no seed: vLLM's CPU engine crashes on seeded sampled requests whose prompt is prefilled in chunks
     # (it rewinds the request's generator, which CPU generators cannot do), with or without speculation
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True)
-    todo = requests_for(prompts, concurrency)
     t0 = time.perf_counter()
-    outs = [o for i in range(0, len(todo), concurrency)
-            for o in llm.generate(todo[i: i + concurrency], params, use_tqdm=False)]
+    outs = llm.generate(requests_for(prompts, concurrency), params, use_tqdm=False)
     seconds = time.perf_counter() - t0
     spec = _spec_figures(outs)
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
@@ -132,12 +139,11 @@ def run_bench(models: Path, out_dir: Path, ks: list[int], concurrencies: list[in
                 if interface == "served":
                     run_mode(target, mode.spec(models, k), prompts, concurrencies, temperatures, max_tokens, on_row)
                     continue
-                llm = _engine(target, mode.spec(models, k), max(concurrencies))
-                _measure(llm, prompts, WARMUP[0], WARMUP[1], 0.0)
-                for temperature in temperatures:
-                    for conc in concurrencies:
+                for conc in concurrencies:
+                    llm = _warm_engine(target, mode.spec(models, k), conc, prompts)
+                    for temperature in temperatures:
                         on_row(conc, temperature, _measure(llm, prompts, conc, max_tokens, temperature))
-                close_llm(llm)
+                    close_llm(llm)
     bar.close()
     rows = median_of_rounds(rows)
     _add_ratios(rows)
@@ -157,31 +163,38 @@ def _cpus() -> int:
 
 
 def _engine(target: Path, spec: dict | None, max_num_seqs: int):
-    """An offline engine whose outputs carry their spec-decode histograms (see `_spec_figures`)."""
+    """An offline engine that runs at most `max_num_seqs` requests together, without prefix caching
+    (see the module's doc), whose outputs carry their spec-decode histograms (see `_spec_figures`)."""
     extra = {} if spec is None else {"per_request_spec_decode_metrics": "summary"}
-    return make_llm(str(target), spec, max_num_seqs=max_num_seqs, **extra)
+    return make_llm(str(target), spec, max_num_seqs=max_num_seqs, enable_prefix_caching=False, **extra)
+
+
+def _warm_engine(target: Path, spec: dict | None, concurrency: int, prompts: list[str]):
+    """`_engine` for one concurrency, after a short warm-up cell (an engine's first steps are slow)."""
+    llm = _engine(target, spec, concurrency)
+    _measure(llm, prompts[:2 * WARMUP[0]], *WARMUP, 0.0)
+    return llm
 
 
 def _offline_interleaved(target: Path, models: Path, jobs: list[tuple[Mode, int]], prompts: list[str],
                          concurrencies: list[int], temperatures: list[float], max_tokens: int, rounds: int,
                          add) -> None:
-    """Every job's engine at once (about 1 GiB each), each cell then measured round after round with
-    every engine in turn (the order rotated each round), so that a slow spell of the machine falls on
-    all modes of a cell alike rather than on whichever mode ran then."""
-    engines = []
-    try:
-        for mode, k in jobs:
-            engines.append(_engine(target, mode.spec(models, k), max(concurrencies)))
-            _measure(engines[-1], prompts, WARMUP[0], WARMUP[1], 0.0)
-        for temperature in temperatures:
-            for conc in concurrencies:
+    """Per concurrency, every job's engine at once (about 1 GiB each), each cell then measured round
+    after round with every engine in turn (the order rotated each round), so that a slow spell of the
+    machine falls on all modes of a cell alike rather than on whichever mode ran then."""
+    for conc in concurrencies:
+        engines = []
+        try:
+            for mode, k in jobs:
+                engines.append(_warm_engine(target, mode.spec(models, k), conc, prompts))
+            for temperature in temperatures:
                 for rnd in range(rounds):
                     turn = rnd % len(jobs)
                     for (mode, k), llm in list(zip(jobs, engines))[turn:] + list(zip(jobs, engines))[:turn]:
                         add(rnd, mode, k, conc, temperature, _measure(llm, prompts, conc, max_tokens, temperature))
-    finally:
-        for llm in engines:
-            close_llm(llm)
+        finally:
+            for llm in engines:
+                close_llm(llm)
 
 
 def median_of_rounds(rows: list[dict]) -> list[dict]:

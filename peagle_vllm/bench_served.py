@@ -73,7 +73,7 @@ def run_mode(target: Path, spec: dict | None, prompts: list[str], concurrencies:
     temperature, and hands each figure dict to `on_row(concurrency, temperature, figures)`."""
     with tempfile.TemporaryDirectory() as logs:
         config = ServerConfig(target, Path(logs) / "server.log", max_model_len=1024, speculative_config=spec,
-                              extra_args=("--max-num-seqs", str(max(concurrencies))))
+                              extra_args=("--max-num-seqs", str(max(concurrencies)), "--no-enable-prefix-caching"))
         with running_server(config) as server:
             measure(server.base_url, prompts, *WARMUP, 0.0)
             for temperature in temperatures:

@@ -204,8 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="offline LLM and/or served HTTP streaming (default: both; --quick: offline)")
     b.add_argument("--adaptive-k", type=int, nargs="*", help="K_max of the adaptive mode (default: every --k)")
     b.add_argument("--rounds", type=int, default=1, help="measure every cell this many times, modes taking turns "
-                   "(offline: all engines built at once; served: a fresh server per round); report the median and "
-                   "the spread")
+                   "(offline: all engines of a concurrency built at once; served: a fresh server per round); report the "
+                   "median and the spread")
     b.add_argument("--modes", nargs="*", help="subset of: no-spec vllm-eagle3 vllm-parallel p_eagle-standard "
                    "p_eagle-depth p_eagle-depth-adaptive")
     b.set_defaults(func=cmd_bench)
