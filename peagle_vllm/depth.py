@@ -19,13 +19,17 @@ of each other the current regime stays. Left out: steps with a prompt in them, a
 switch, paid once per stretch of speculation (the step that drafts with nothing to verify, the one
 after it, whose drafts came from a head whose KV misses the plain steps before, and the first
 plain step after a draft, which carries the last choice's bookkeeping and the blocks it hands
-back). Plain speeds have a short memory (their steps vary in time only, and an engine's first
-steps are slow), speculative ones a long one (one step's accepted count varies by half its mean).
+back). A speculative step is credited with the tokens its drafts were expected to yield when
+chosen (the acceptance estimates, which rest on every verification), not those it happened to
+yield: one step's accepted count varies by a third of its mean, its time by a tenth, so a few
+timed steps then suffice. Plain speeds have a short memory (their steps vary in time only, and an
+engine's first steps are slow), speculative ones a longer one.
 
 Trials. Speculation is timed afresh by a trial: it runs at the K the model picks until
 `probe_steps` steady steps are timed (the engine's start is one). In fallback a trial comes after
-a number of steps set by what one costs at the measured speeds: about `PROBE_BUDGET` of the time
-(a near tie is tried every `probe_every` steps, a clear loss up to 64x less often), and at once
+a number of steps set by what one costs at the measured speeds, switches included: about
+`PROBE_BUDGET` of the time (a clear loss is tried less often than a near tie, within 1x-64x
+`probe_every`), and at once
 when the batch is smaller than any tried so far (a lower load level, where speculation gains
 more). Its drafts start as deep as speculation last went. While speculating, two plain steps are
 forced every `explore_every` steps (the second one is timed), and plain steps are forced at a batch
@@ -40,14 +44,14 @@ was reserved.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 PRIOR_DECAY = 0.97  # weight of the past in the all-request prior, per observation
 PLAIN_DECAY = 0.8  # plain steps vary in time only: a few recent ones say what plain decoding costs now
 TIE = 0.05  # speeds within this fraction of each other are a tie: the current regime stays
-PROBE_BUDGET = 0.01  # share of time a probe's steady steps may cost while plain decoding measures faster
+PROBE_BUDGET = 0.02  # share of time probes may cost while plain decoding measures faster
 
 
 @dataclass
@@ -88,7 +92,7 @@ class Step:
 class _Speed:
     """Tokens per request-second of one kind of step, from decayed sums (recent steps weigh more)."""
 
-    decay: float = 0.95  # some 20 steps: one step's accepted count varies by half its mean
+    decay: float = 0.9  # some 10 steps (speculative steps are credited with their expected tokens: see the module doc)
     tokens: float = 0.0
     request_seconds: float = 0.0
 
@@ -110,34 +114,54 @@ class _Stats:
 
 @dataclass
 class CostModel:
-    """Step seconds, fitted online, two ways. A step that runs the draft: s0 + s1 T + s2 D (decayed
-    least squares with a small ridge towards the current fit, steady when a feature barely varies).
-    A plain step (no draft): p0 + s1 T, sharing the target's per-token cost; p0 is a decayed mean over
-    plain steps only, so that it survives long stretches of speculation between two of them. Until a
-    plain step is seen, p0 is taken as s0 (the draft path assumed free: speculation is tried first)."""
+    """Step seconds, fitted online: s0 + s1 T + s2 D for a step that runs the draft, p0 + s1 T for a
+    plain one (no draft). One decayed least-squares fit over both kinds, with a small ridge towards
+    the current fit (steady when a feature barely varies, e.g. p0 through a long stretch of
+    speculation): the per-token cost s1 is shared, so plain steps, whose batch sizes vary most, pin
+    it down for speculation's choices too (fitted on speculative steps alone it came out at a third of
+    the true cost at batch 64, and trials drafted far too deep). Until a plain step is seen, p0 is
+    taken as s0 (the draft path assumed free: speculation is tried first). The fit is solved when a
+    prediction is asked for, not per step: in fallback none is, and a step costs only the sums."""
 
-    s: np.ndarray = field(default_factory=lambda: np.array([1e-2, 1e-4, 1e-5]))
-    p0: float | None = None
     decay: float = 0.98
-    plain_decay: float = 0.8
     ridge: float = 1e-6
-    _xx: np.ndarray = field(default_factory=lambda: np.zeros((3, 3)))
-    _xy: np.ndarray = field(default_factory=lambda: np.zeros(3))
-    _plain: np.ndarray = field(default_factory=lambda: np.zeros(2))  # decayed count, decayed sum of p0 samples
-    seen: int = 0
+    _s: np.ndarray = field(default_factory=lambda: np.array([1e-2, 1e-4, 1e-5]))  # s0, s1, s2
+    _p0: float | None = None
+    _xx: np.ndarray = field(default_factory=lambda: np.zeros((4, 4)))  # features: draft ran, plain, T, D
+    _xy: np.ndarray = field(default_factory=lambda: np.zeros(4))
+    _seen: int = 0
+    _solved: bool = True  # the fit reflects every observation so far
 
     def observe(self, tokens: int, draft_rows: int, seconds: float) -> None:
-        if not draft_rows:
-            self._plain = self._plain * self.plain_decay + np.array([1.0, seconds - self.s[1] * tokens])
-            self.p0 = max(float(self._plain[1] / self._plain[0]), 0.0)
-            return
-        x = np.array([1.0, tokens, draft_rows])
+        drafted = float(draft_rows > 0)
+        x = np.array([drafted, 1.0 - drafted, tokens, draft_rows])
         self._xx = self._xx * self.decay + np.outer(x, x)
         self._xy = self._xy * self.decay + x * seconds
-        self.seen += 1
-        if self.seen >= 3:
-            reg = self.ridge * np.diag(np.maximum(np.diag(self._xx), 1e-9))
-            self.s = np.maximum(np.linalg.solve(self._xx + reg, self._xy + reg @ self.s), 0.0)
+        self._seen += 1
+        self._solved = self._seen < 3
+
+    def _solve(self) -> None:
+        if self._solved:
+            return
+        self._solved = True
+        current = np.array([self._s[0], self._s[0] if self._p0 is None else self._p0, self._s[1], self._s[2]])
+        reg = self.ridge * np.diag(np.maximum(np.diag(self._xx), 1e-9))
+        s0, p0, s1, s2 = np.maximum(np.linalg.solve(self._xx + reg, self._xy + reg @ current), 0.0)
+        self._s = np.array([s0, s1, s2])
+        if self._xx[1, 1] > 0:
+            self._p0 = float(p0)
+
+    @property
+    def s(self) -> np.ndarray:
+        """[s0, s1, s2] of the current fit."""
+        self._solve()
+        return self._s
+
+    @property
+    def p0(self) -> float | None:
+        """A plain step's fixed cost; None before any plain step was seen."""
+        self._solve()
+        return self._p0
 
     def seconds(self, tokens: np.ndarray, draft_rows: np.ndarray) -> np.ndarray:
         """Predicted step time for each (tokens, draft rows) pair; 0 draft rows is a plain step."""
@@ -175,6 +199,7 @@ class DepthController:
         self.speeds: dict[int, tuple[_Speed, _Speed]] = {}
         self.summarized = 0  # `steps` at the latest summary
         self._last = (False, False)  # the latest step opened a stretch of speculation; it ran a draft
+        self._expected = 1.0  # tokens per request the latest choice's drafts are expected to emit
         self.tried: set[int] = set()  # batch-size buckets where a trial of speculation has run
 
     def observe(self, req_id: str, num_draft: int, num_accepted: int) -> None:
@@ -202,15 +227,16 @@ class DepthController:
     def observe_step(self, step: Step) -> None:
         """One engine step: it fits the cost model, and the measured speed of steady plain steps and
         of steady speculative ones (see the module's doc) decides between the two. Steps with a
-        prompt in them are left out of the speeds: a prefill in a plain stretch would make plain
-        look slow."""
-        self.cost.observe(step.tokens, step.draft_rows, step.seconds)
+        prompt in them are left out of both: a prefill in a plain stretch would make plain look slow,
+        and its thousands of tokens, cheaper each than a decode step's, would set the per-token cost
+        that prices verification."""
         (opened, drafted), self._last = self._last, (bool(step.draft_rows and not step.verified), bool(step.draft_rows))
         if step.seconds <= 0 or not step.emitted or not step.decode_only:
             return
+        self.cost.observe(step.tokens, step.draft_rows, step.seconds)
         plain, spec = self.speeds.setdefault(_bucket(step.requests), (_Speed(PLAIN_DECAY), _Speed()))
         if step.draft_rows and step.verified and not opened:
-            spec.add(step)
+            spec.add(replace(step, emitted=self._expected * step.requests))
             self.trial_left = max(self.trial_left - 1, 0)
         elif not step.draft_rows and not step.verified and not drafted:
             plain.add(step)
@@ -239,14 +265,15 @@ class DepthController:
         return spec > plain
 
     def _fallback_interval(self, batch: int) -> int:
-        """Steps in fallback before the next probe: a probe's cost (its steps at the measured speed of
-        speculation, in plain steps lost) over `PROBE_BUDGET`, so that probing costs about that share
-        of the time (near ties are probed often, clear losses seldom); within 1x-64x `probe_every`."""
+        """Steps in fallback before the next probe: a probe's cost in plain steps lost (its steps at the
+        measured speed of speculation, and about one plain step for each of its two switches) over
+        `PROBE_BUDGET`, so that probing costs about that share of the time (clear losses are probed
+        less often than near ties); within 1x-64x `probe_every`."""
         speeds = self._measured_speeds(batch)
         if speeds is None:
             return self.opt.probe_every
         plain, spec = speeds
-        lost = (self.opt.probe_steps + 2) * max(plain / max(spec, 1e-9) - 1.0, 0.0)
+        lost = (self.opt.probe_steps + 2) * max(plain / max(spec, 1e-9) - 1.0, 0.0) + 2.0
         return int(np.clip(lost / PROBE_BUDGET, self.opt.probe_every, 64 * self.opt.probe_every))
 
     def _plain_unmeasured(self, batch: int) -> bool:
@@ -341,12 +368,15 @@ class DepthController:
         threshold = flat[n - 1] if n > 0 else np.inf
         ks = np.clip((curves >= threshold).sum(axis=1), self.opt.min_k, kmax)
         out = []
+        expected = 0.0
         for i, (rid, k) in enumerate(zip(req_ids, ks.tolist())):
             if k == 0 and probe and not self.plain_forced:  # the model says no: probed with a short draft
                 k = min(self.opt.probe_k, kmax)
             k = int(k) if caps is None else min(int(k), caps[i])
             self._stats(rid).last_k = k
             out.append(k)
+            expected += 1.0 + float(curves[i, :k].sum())
+        self._expected = expected / len(req_ids)
         self.typical_k = max(out)
         if self.speculating and self.typical_k:
             self.spec_k = self.typical_k
@@ -357,7 +387,7 @@ class DepthController:
         self.plain_left, self.plain_forced = 0, False
         for rid in req_ids:
             self._stats(rid).last_k = 0
-        self.typical_k = 0
+        self.typical_k, self._expected = 0, 1.0
         return [0] * len(req_ids)
 
     def summary(self) -> str:

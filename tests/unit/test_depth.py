@@ -77,6 +77,20 @@ def test_cost_model_separates_verification_draft_rows_and_the_draft_paths_overhe
     assert model.seconds(np.array([100, 100]), np.array([0, 64])) == pytest.approx([0.07, 0.0964], rel=1e-3)
 
 
+def test_plain_steps_pin_the_per_token_cost_that_speculation_is_priced_with() -> None:
+    """In fallback nearly every step is plain: their varying batch sizes fix the per-token cost, which
+    then prices verification in a trial (a handful of speculative steps at one batch size cannot)."""
+    model = CostModel()
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        tokens = int(rng.integers(1, 65))
+        model.observe(tokens, 0, 0.003 + 0.0002 * tokens)
+    for _ in range(4):
+        model.observe(128, 64, 0.008 + 0.0002 * 128 + 0.0001 * 64)
+    assert model.s[1] == pytest.approx(0.0002, rel=0.02) and model.p0 == pytest.approx(0.003, rel=0.02)
+    assert model.seconds(np.array([128]), np.array([64]))[0] == pytest.approx(0.0402, rel=0.02)
+
+
 def test_decision_cost_is_small() -> None:
     import time
 
@@ -137,15 +151,17 @@ def test_a_probe_starts_where_speculation_last_stood() -> None:
         ctrl.observe("r", 8, 8)
     ctrl.observe_step(Step(tokens=1, draft_rows=0, seconds=0.01, requests=1, emitted=1))  # plain: 100 tokens/s
     ks = []
-    for _ in range(80):  # speculation is timed at 91 tokens/s: slower by more than a tie
+    for _ in range(300):  # every draft is accepted, but a step costs 11 ms a token: 91 tokens/s, slower by 9%
         (k,) = ctrl.choose(["r"], [ctrl.reservation("r")])
         ks.append(k)
-        ctrl.observe_step(Step(tokens=1 + k, draft_rows=k, seconds=0.022, requests=1, emitted=2, verified=k) if k else
-                          Step(tokens=1, draft_rows=0, seconds=0.01, requests=1, emitted=1))
+        if k:
+            ctrl.observe("r", k, k)
+        ctrl.observe_step(Step(tokens=1 + k, draft_rows=k, seconds=0.011 * (1 + k), requests=1, emitted=1 + k,
+                               verified=k) if k else Step(tokens=1, draft_rows=0, seconds=0.01, requests=1, emitted=1))
     trial = ks.index(0)
     assert 4 <= trial <= 6 and ks[trial - 1] > 2, "the opening trial times 4 steady steps, then falls back"
     probe = trial + next(i for i, k in enumerate(ks[trial:]) if k)
-    assert 40 < probe - trial < 80, "a 9% loss: probed after some 60 steps (6 steps lost x 0.09 / 1%)"
+    assert 100 < probe - trial < 170, "a 9% loss: probed after some 130 steps ((6 x 0.09 + 2) plain steps lost / 2%)"
     assert ks[probe] >= ks[trial - 1], "the probe drafts as deep as speculation went"
 
 
@@ -269,10 +285,12 @@ def test_switching_steps_are_not_timed_and_a_batch_between_two_measured_ones_goe
     spec = Step(tokens=9, draft_rows=8, seconds=0.02, requests=1, emitted=3, verified=8)
     # timed: the first plain step, the second speculative one (the first follows the opening draft,
     # which the head made without the plain steps' KV) and the last plain one (the one before it
-    # follows a draft)
+    # follows a draft); a speculative step is credited with the tokens its choice expected
+    ctrl._expected = 3.0
     for step in (plain, opening, spec, spec, replace(plain, seconds=0.05), plain):
         ctrl.observe_step(step)
     assert ctrl.speeds[1][0].value == pytest.approx(100.0) and ctrl.speeds[1][1].value == pytest.approx(150.0)
+    ctrl._expected = 2.0
     for _ in range(3):  # batch 4: speculation measured at half the speed of plain decoding
         ctrl.observe_step(Step(tokens=4, draft_rows=0, seconds=0.01, requests=4, emitted=4))
         ctrl.observe_step(Step(tokens=36, draft_rows=32, seconds=0.04, requests=4, emitted=8, verified=32))
