@@ -15,7 +15,7 @@ def install() -> None:
     check_vllm_version()
     from vllm import ModelRegistry
 
-    from peagle_vllm.vllm_adapter import config_hook, metrics_hook, runner_hook, scheduler_hook
+    from peagle_vllm.vllm_adapter import config_hook, generator_hook, metrics_hook, runner_hook, scheduler_hook
     from peagle_vllm.vllm_adapter.draft_model import ARCHITECTURE
 
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
@@ -24,4 +24,5 @@ def install() -> None:
     runner_hook.patch()
     scheduler_hook.patch()
     metrics_hook.patch()
+    generator_hook.patch()
     _installed = True

@@ -1,0 +1,79 @@
+"""Worker-side guard on `GPUModelRunner.sample_tokens`, `_sample` and `_bookkeeping_sync` (the CPU
+runner inherits them) for seeded requests whose generator is a torch CPU generator.
+
+A prompt prefilled in chunks samples a token after every chunk but the last, and vLLM discards it;
+`_bookkeeping_sync` then rewinds the request's generator with `set_offset(get_offset() - 4)`, an
+offset only Philox (CUDA) generators have. On vLLM's CPU backend that raises, and the engine (the
+whole server, every request on it) dies on the first seeded sampled request with a long prompt,
+with or without speculation. Here the state of each such CPU generator is saved before sampling,
+vLLM's rewind is skipped for it, and the state is put back once the step's sampling and drafting
+are done: the rewind vLLM means, and more (a discarded step leaves no trace in the seeded stream,
+drafts included, so a seed gives the same tokens however the prompt was chunked). CUDA generators
+are left to vLLM.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+SAVED_ATTR = "_peagle_discarded_generators"  # runner attribute: row -> (CPU generator, state before sampling)
+
+
+def _discarded_cpu_generators(runner) -> dict[int, torch.Generator]:
+    """Rows whose sampled token this step is discarded and whose generator lives on the CPU."""
+    num_reqs = runner.input_batch.num_reqs
+    generators = runner.input_batch.generators
+    rows = runner.discard_request_mask.np[:num_reqs].nonzero()[0].tolist()
+    return {i: generators[i] for i in rows if i in generators and generators[i].device.type == "cpu"}
+
+
+def _wrap_sample(original):
+    @functools.wraps(original)
+    def _sample(self, *args, **kwargs):
+        setattr(self, SAVED_ATTR, {i: (g, g.get_state()) for i, g in _discarded_cpu_generators(self).items()})
+        return original(self, *args, **kwargs)
+
+    return _sample
+
+
+def _wrap_bookkeeping(original):
+    @functools.wraps(original)
+    def _bookkeeping_sync(self, *args, **kwargs):
+        """vLLM's bookkeeping without its rewind of the saved generators (out of its sight meanwhile)."""
+        generators = self.input_batch.generators
+        held_back = {i: generators.pop(i) for i in getattr(self, SAVED_ATTR, None) or {} if i in generators}
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            generators.update(held_back)
+
+    return _bookkeeping_sync
+
+
+def _wrap_sample_tokens(original):
+    @functools.wraps(original)
+    def sample_tokens(self, *args, **kwargs):
+        """The step's sampling and drafting, then the saved generators back where they stood."""
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            for generator, state in (getattr(self, SAVED_ATTR, None) or {}).values():
+                generator.set_state(state)
+            setattr(self, SAVED_ATTR, None)
+
+    return sample_tokens
+
+
+def patch() -> None:
+    """Wraps GPUModelRunner.sample_tokens, _sample and _bookkeeping_sync once."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if getattr(GPUModelRunner._bookkeeping_sync, "__peagle_patched__", False):
+        return
+    for name, wrap in (("sample_tokens", _wrap_sample_tokens), ("_sample", _wrap_sample),
+                       ("_bookkeeping_sync", _wrap_bookkeeping)):
+        wrapped = wrap(getattr(GPUModelRunner, name))
+        wrapped.__peagle_patched__ = True
+        setattr(GPUModelRunner, name, wrapped)
