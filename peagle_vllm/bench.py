@@ -66,8 +66,8 @@ def _measure(llm, prompts: list[str], concurrency: int, max_tokens: int, tempera
     (built with that `max_num_seqs`; see `_engine`)."""
     from vllm import SamplingParams
 
-    # no seed: vLLM's CPU engine crashes on seeded sampled requests whose prompt is prefilled in chunks
-    # (it rewinds the request's generator, which CPU generators cannot do), with or without speculation
+    # no seed: under adaptive depth a seeded sampled request keeps K_max (its seed then repeats its tokens),
+    # which would measure a fixed K instead
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True)
     t0 = time.perf_counter()
     outs = llm.generate(requests_for(prompts, concurrency), params, use_tqdm=False)
