@@ -15,7 +15,10 @@ the measured speed (tokens per request-second, per batch size within a factor of
 steady plain steps (no draft, nothing verified) and steady speculative ones (drafts verified, a
 draft run) has the last word both ways: while speculation measures slower, every request is at
 K=0 (no draft runs at all); while it measures faster, the model picks the best n > 0; within `TIE`
-of each other the current regime stays. Left out: steps with a prompt in them, and the steps of a
+of each other the current regime stays. In fallback, though, only a trial (below) resumes
+speculation: the speculative figure there is as old as the last stretch of speculation, and a slow
+spell of the machine, which slows the plain steps timed now, would otherwise read as a gain; when
+plain decoding measures slower than speculation last did, the trial comes early instead. Left out: steps with a prompt in them, and the steps of a
 switch, paid once per stretch of speculation (the step that drafts with nothing to verify, the one
 after it, whose drafts came from a head whose KV misses the plain steps before, and the first
 plain step after a draft, which carries the last choice's bookkeeping and the blocks it hands
@@ -31,9 +34,11 @@ a number of steps set by what one costs at the measured speeds, switches include
 `PROBE_BUDGET` of the time (a clear loss is tried less often than a near tie, within 1x-64x
 `probe_every`), and at once
 when the batch is smaller than any tried so far (a lower load level, where speculation gains
-more). Its drafts start as deep as speculation last went. While speculating, two plain steps are
-forced every `explore_every` steps (the second one is timed), and plain steps are forced at a batch
-size whose plain speed is not measured yet.
+more). Its drafts start as deep as speculation last went. While speculating, an exploration forces
+`explore_steps` plain steps every `explore_every` steps and soon after a trial, and times plain
+decoding afresh by them, as a trial does speculation (all but the first, which follows a draft: a
+plain figure timed in a slow spell of the machine must not keep a losing speculation going); plain
+steps are also forced at a batch size whose plain speed is not measured yet.
 
 KV lookahead follows each request's own K: `reservation` says how many drafts a request may get at
 its next choice (at most twice its last K, so K can grow step by step; 0 in fallback until a probe,
@@ -62,6 +67,7 @@ class DepthOptions:
     probe_k: int = 2
     probe_steps: int = 4  # steady speculative steps a probe (a trial of speculation) times
     explore_every: int = 128  # plain steps are forced this often while speculating
+    explore_steps: int = 4  # plain steps an exploration forces
     decay: float = 0.9  # weight of the past per observation (per request)
     prior_weight: float = 2.0  # pseudo-observations of the global prior in each request's estimate
 
@@ -194,6 +200,7 @@ class DepthController:
         self.trial_left = options.probe_steps  # steady speculative steps the current trial still has to time
         self.probe_until = 4 * options.probe_steps  # the current trial's last step at the latest
         self.plain_left = 0  # exploration's forced plain steps still to come
+        self.next_explore = options.explore_every  # step of the next exploration while speculating
         self.plain_forced = False  # the latest choice forced a plain step: reserve nothing, so no draft runs
         # per batch-size bucket: speeds of steady plain and steady speculative steps
         self.speeds: dict[int, tuple[_Speed, _Speed]] = {}
@@ -341,6 +348,7 @@ class DepthController:
         if probe:  # a trial: speculation runs at the model's K until its speed is timed afresh
             self.next_probe = self.steps + self.probe_interval  # (set again when the trial ends in fallback)
             self.trial_left, self.probe_until = self.opt.probe_steps, self.steps + 4 * self.opt.probe_steps
+            self.next_explore = self.probe_until + self.opt.probe_every  # a trial won is checked soon
             speeds = self.speeds.get(bucket)
             if speeds is not None:
                 self.speeds[bucket] = (speeds[0], _Speed())
@@ -349,6 +357,11 @@ class DepthController:
             self.tried.add(bucket)
         # measured speeds overrule the model (whose costs may be biased) both ways, outside trials
         faster = True if in_trial else self.speculation_measured_faster(len(req_ids))
+        if faster and not self.speculating and not in_trial:
+            # in fallback only a trial resumes speculation: its figure may be stale and plain decoding
+            # timed in a slow spell of the machine (both sides must be timed alike); the trial comes early
+            self.next_probe = min(self.next_probe, self.steps + self.opt.probe_every)
+            faster = False
         if faster is False and not self.speculating:
             return self._stay_in_fallback(req_ids)
         curves = self._accept_curves(req_ids)
@@ -360,9 +373,11 @@ class DepthController:
             self.next_probe = self.steps + self.probe_interval
         self.speculating = n > 0
         self.plain_left, self.plain_forced = max(self.plain_left - 1, 0), False
-        if self.speculating:  # plain steps keep plain decoding's speed measured (the first one after a draft
-            if not in_trial and self.steps % self.opt.explore_every == self.opt.probe_every // 2:
-                self.plain_left = 2  # carries the switch's cost and is not timed)
+        if self.speculating:  # plain steps keep plain decoding's speed measured (see the module's doc)
+            if not in_trial and self.steps >= self.next_explore:
+                self.plain_left, self.next_explore = self.opt.explore_steps, self.steps + self.opt.explore_every
+                if bucket in self.speeds:  # plain decoding timed afresh, as a trial times speculation
+                    self.speeds[bucket] = (_Speed(PLAIN_DECAY), self.speeds[bucket][1])
             if self.plain_left or self._plain_unmeasured(len(req_ids)):
                 n, self.plain_forced = 0, True
         threshold = flat[n - 1] if n > 0 else np.inf

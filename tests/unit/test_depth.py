@@ -165,6 +165,30 @@ def test_a_probe_starts_where_speculation_last_stood() -> None:
     assert ks[probe] >= ks[trial - 1], "the probe drafts as deep as speculation went"
 
 
+def test_a_slow_spell_of_the_machine_does_not_keep_a_losing_speculation_going() -> None:
+    """Speculation is 9% slower; in fallback the machine slows down by half (every step) for a spell of
+    2 to 48 steps. Plain steps timed in the spell look slower than speculation did before it: that
+    stale figure must not start speculation, and a speculation started meanwhile (by a trial) must end
+    soon after the spell, once plain decoding is timed afresh. (Before: for some spell lengths
+    speculation ran on for hundreds of steps, compared against a plain figure timed in the spell.)"""
+    for end in range(42, 90, 2):
+        ctrl = DepthController(DepthOptions(max_k=32, probe_every=8))
+        for _ in range(20):
+            ctrl.observe("r", 8, 8)
+        ks = []
+        for i in range(end + 300):
+            slow = 2.0 if 40 <= i < end else 1.0
+            (k,) = ctrl.choose(["r"], [ctrl.reservation("r")])
+            ks.append(k)
+            if k:
+                ctrl.observe("r", k, k)
+            ctrl.observe_step(Step(tokens=1 + k, draft_rows=k, seconds=slow * 0.011 * (1 + k), requests=1,
+                                   emitted=1 + k, verified=k) if k else
+                              Step(tokens=1, draft_rows=0, seconds=slow * 0.01, requests=1, emitted=1))
+        assert all(k == 0 for k in ks[10:40]), "fell back after the opening trial"
+        assert sum(k > 0 for k in ks[end:]) <= 40, f"spell of {end - 40} steps: speculation went on after it"
+
+
 def _reserve_and_verify(ctrl: DepthController, ids: list[str], ks: list[int], alpha: float,
                         rng: np.random.Generator) -> tuple[list[int], int, list[int]]:
     """A step's start, in the engine's order: lookahead reserved per request (the draft runs as deep as

@@ -1,0 +1,59 @@
+"""A step in full fallback (adaptive depth, every request at K=0, nothing to verify) runs on vLLM's own
+no-speculation path: vLLM does not even ask whether the drafter should run, builds no spec-decode
+metadata, calls no rejection sampler and no drafter; outputs stay those of plain decoding."""
+
+from __future__ import annotations
+
+from peagle_vllm.runs import close_llm, make_llm
+from peagle_vllm.vllm_adapter.runner_hook import PLAIN_STEP_ATTR
+from peagle_vllm.vllm_adapter.sampler import PEagleRejectionSampler
+
+
+def _greedy(llm, prompts: list[str]) -> list[list[int]]:
+    from vllm import SamplingParams
+
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True), use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def test_a_step_in_fallback_skips_the_speculative_machinery(tiny, monkeypatch) -> None:
+    """A random head (acceptance ~0): adaptive depth falls back after its opening trial; from then on
+    the runner's steps are plain, and none of them reaches vLLM's spec-decode code."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from peagle_vllm.vllm_adapter.proposer import PEagleProposer
+
+    seen = {"plain steps": 0, "speculative steps": 0, "drafter asked": 0, "spec metadata": 0, "rejection sampler": 0,
+            "draft": 0}
+
+    def spy(cls, name: str, key: str, count_plain: bool) -> None:
+        original = getattr(cls, name)
+
+        def wrapped(self, *args, **kwargs):
+            runner = getattr(self, "_runner", self)  # the proposer keeps its runner
+            plain = bool(getattr(runner, PLAIN_STEP_ATTR, False))
+            if plain == count_plain:
+                seen[key] += 1
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, name, wrapped)
+
+    spy(GPUModelRunner, "sample_tokens", "plain steps", True)
+    spy(GPUModelRunner, "sample_tokens", "speculative steps", False)
+    spy(GPUModelRunner, "_input_fits_in_drafter", "drafter asked", True)  # vLLM's speculative path only
+    spy(GPUModelRunner, "_calc_spec_decode_metadata", "spec metadata", True)
+    spy(PEagleRejectionSampler, "forward", "rejection sampler", True)
+    spy(PEagleProposer, "propose", "draft", True)
+
+    prompts = [f"def f{i}(x):\n" + "    return x\n" * (i % 3) for i in range(4)]
+    plain = make_llm(str(tiny["target"]), None)
+    expected = _greedy(plain, prompts)
+    close_llm(plain)
+    seen.update(dict.fromkeys(seen, 0))  # the plain engine's own steps do not count
+    llm = make_llm(str(tiny["target"]), {"method": "p_eagle", "model": str(tiny["depth"]), "num_speculative_tokens": 8})
+    try:
+        assert _greedy(llm, prompts) == expected
+    finally:
+        close_llm(llm)
+    assert seen["plain steps"] > 40 and seen["speculative steps"] > 0, seen  # of some 64 steps; the opening trial
+    assert seen["drafter asked"] == seen["spec metadata"] == seen["rejection sampler"] == seen["draft"] == 0, seen
