@@ -238,14 +238,14 @@ def test_speculates_when_it_pays() -> None:
 def test_a_modest_gain_at_batch_one_is_taken() -> None:
     """Batch 1 on a small target (costs scaled from the demo engine at concurrency 1): running the draft
     costs 3/4 of a plain step, step times vary by 20%, and speculation wins by some 18% at its best K.
-    Adaptive depth, not knowing which K, takes most of that gain (measured: 0.91 of the best fixed K;
-    one step's accepted count varies by half its mean, so stretches of speculation are judged on
-    noisy figures and a few end early)."""
+    Adaptive depth, not knowing which K, takes most of that gain (measured: 0.95 of the best fixed K,
+    0.91 before speculative steps were credited with their expected tokens: one step's accepted count
+    varies by half its mean, so stretches of speculation were judged on noisy figures)."""
     costs = {"alpha": 0.6, "draft_overhead": 0.75, "batch": 1, "token_cost": 0.05, "row_cost": 0.012,
              "noise": 0.2, "steps": 2000}
     best = max(simulate(**costs, fixed_k=k) for k in (1, 2, 4, 8, 16))
     assert 1.1 < best < 1.25, "the premise: speculation pays, modestly"
-    assert simulate(**costs) > max(0.9 * best, 1.0)
+    assert simulate(**costs) > max(0.93 * best, 1.0)
 
 
 def simulate_waves(alpha: float, draft_overhead: float, batches: list[int], wave_tokens: int = 64,
