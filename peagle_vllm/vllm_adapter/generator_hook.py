@@ -23,9 +23,11 @@ SAVED_ATTR = "_peagle_discarded_generators"  # runner attribute: row -> (CPU gen
 
 def _discarded_cpu_generators(runner) -> dict[int, torch.Generator]:
     """Rows whose sampled token this step is discarded and whose generator lives on the CPU."""
-    num_reqs = runner.input_batch.num_reqs
+    mask = getattr(runner, "discard_request_mask", None)  # vLLM 0.32's name; absent: nothing to guard
+    if mask is None:
+        return {}
     generators = runner.input_batch.generators
-    rows = runner.discard_request_mask.np[:num_reqs].nonzero()[0].tolist()
+    rows = mask.np[:runner.input_batch.num_reqs].nonzero()[0].tolist()
     return {i: generators[i] for i in rows if i in generators and generators[i].device.type == "cpu"}
 
 
@@ -67,13 +69,18 @@ def _wrap_sample_tokens(original):
 
 
 def patch() -> None:
-    """Wraps GPUModelRunner.sample_tokens, _sample and _bookkeeping_sync once."""
+    """Wraps GPUModelRunner.sample_tokens, _sample and _bookkeeping_sync once, on vLLM's CPU platform
+    only (CUDA generators have the offset vLLM rewinds) and only where all three exist."""
+    from vllm.platforms import current_platform
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+    wraps = (("sample_tokens", _wrap_sample_tokens), ("_sample", _wrap_sample),
+             ("_bookkeeping_sync", _wrap_bookkeeping))
+    if not current_platform.is_cpu() or not all(hasattr(GPUModelRunner, name) for name, _ in wraps):
+        return
     if getattr(GPUModelRunner._bookkeeping_sync, "__peagle_patched__", False):
         return
-    for name, wrap in (("sample_tokens", _wrap_sample_tokens), ("_sample", _wrap_sample),
-                       ("_bookkeeping_sync", _wrap_bookkeeping)):
+    for name, wrap in wraps:
         wrapped = wrap(getattr(GPUModelRunner, name))
         wrapped.__peagle_patched__ = True
         setattr(GPUModelRunner, name, wrapped)
