@@ -18,27 +18,27 @@ K=0 (no draft runs at all); while it measures faster, the model picks the best n
 of each other the current regime stays. In fallback, though, only a trial (below) resumes
 speculation: the speculative figure there is as old as the last stretch of speculation, and a slow
 spell of the machine, which slows the plain steps timed now, would otherwise read as a gain; when
-plain decoding measures slower than speculation last did, the trial comes early instead. Left out: steps with a prompt in them, and the steps of a
-switch, paid once per stretch of speculation (the step that drafts with nothing to verify, the one
-after it, whose drafts came from a head whose KV misses the plain steps before, and the first
-plain step after a draft, which carries the last choice's bookkeeping and the blocks it hands
-back). A speculative step is credited with the tokens its drafts were expected to yield when
-chosen (the acceptance estimates, which rest on every verification), not those it happened to
-yield: one step's accepted count varies by a third of its mean, its time by a tenth, so a few
-timed steps then suffice. Plain speeds have a short memory (their steps vary in time only, and an
-engine's first steps are slow), speculative ones a longer one.
+plain decoding measures slower than speculation last did, the trial comes early instead. Left out:
+steps with a prompt in them, and the steps of a switch, paid once per stretch of speculation (the
+step that drafts with nothing to verify, the one after it, whose drafts came from a head whose KV
+misses the plain steps before, and the first plain step after a draft, which carries the last
+choice's bookkeeping and the blocks it hands back). A speculative step is credited with the tokens
+its drafts were expected to yield when chosen (the acceptance estimates, which rest on every
+verification), not those it happened to yield: one step's accepted count varies by a third of its
+mean, its time by a tenth, so a few timed steps then suffice. Plain speeds have a short memory
+(their steps vary in time only, and an engine's first steps are slow), speculative ones a longer one.
 
 Trials. Speculation is timed afresh by a trial: it runs at the K the model picks until
 `probe_steps` steady steps are timed (the engine's start is one). In fallback a trial comes after
 a number of steps set by what one costs at the measured speeds, switches included: about
 `PROBE_BUDGET` of the time (a clear loss is tried less often than a near tie, within 1x-64x
-`probe_every`), and at once
-when the batch is smaller than any tried so far (a lower load level, where speculation gains
-more). Its drafts start as deep as speculation last went. While speculating, an exploration forces
-`explore_steps` plain steps every `explore_every` steps and soon after a trial, and times plain
-decoding afresh by them, as a trial does speculation (all but the first, which follows a draft: a
-plain figure timed in a slow spell of the machine must not keep a losing speculation going); plain
-steps are also forced at a batch size whose plain speed is not measured yet.
+`probe_every`), and at once when the batch is smaller than any tried so far (a lower load level,
+where speculation gains more). Its drafts start as deep as speculation last went. While
+speculating, an exploration forces `explore_steps` plain steps every `explore_every` steps and soon
+after a trial, and times plain decoding afresh by them, as a trial does speculation (all but the
+first, which follows a draft, are timed: a plain figure timed in a slow spell of the machine must
+not keep a losing speculation going); plain steps are also forced at a batch size whose plain speed
+is not measured yet.
 
 KV lookahead follows each request's own K: `reservation` says how many drafts a request may get at
 its next choice (at most twice its last K, so K can grow step by step; 0 in fallback until a probe,
@@ -98,7 +98,7 @@ class Step:
 class _Speed:
     """Tokens per request-second of one kind of step, from decayed sums (recent steps weigh more)."""
 
-    decay: float = 0.9  # some 10 steps (speculative steps are credited with their expected tokens: see the module doc)
+    decay: float = 0.9  # some 10 steps; speculative steps count their expected tokens (see the module's doc)
     tokens: float = 0.0
     request_seconds: float = 0.0
 
