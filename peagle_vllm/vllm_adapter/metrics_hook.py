@@ -3,7 +3,11 @@ SpecDecodingStats in the front end (hook on vllm/v1/spec_decode/metrics.py `Spec
 two always agree. They appear on the server's /metrics and in `LLM.get_metrics()` (hook on
 vllm/v1/engine/llm_engine.py `get_metrics_snapshot`, which keeps only `vllm:` names). The figures only
 the engine core knows (chosen K, fallbacks, draft time) arrive inside SchedulerStats (see
-scheduler_hook.make_stats) and are taken out in `StatLoggerManager.record`, before vLLM's loggers."""
+scheduler_hook.make_stats) and are taken out in `StatLoggerManager.record`, before vLLM's loggers.
+Each front end's state hangs on its own vLLM loggers: the series carry vLLM's labels (model_name, engine)
+and are registered afresh with each front end's Prometheus logger, as vLLM's own are (a process that
+builds a second `LLM` reports that engine's figures, not a sum with the first's), and each engine's log
+line reads its own acceptance window and figures."""
 
 from __future__ import annotations
 
@@ -18,112 +22,159 @@ from peagle_vllm.vllm_adapter.scheduler_hook import CARRIER_FIELD
 
 PREFIX = "peagle:"
 logger = logging.getLogger("peagle_vllm")
-_series: dict[str, object] = {}
-_since_log = EngineFigures()  # engine figures received since the last periodic log line
+STATE_ATTR = "_peagle"  # on vLLM's SpecDecodingProm / SpecDecodingLogging of a p_eagle engine: our state
 
 
-def _metrics() -> dict[str, object]:
-    """The process's peagle: series, created once (prometheus refuses a second registration)."""
-    if not _series:
-        buckets = [1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 28, 33]
-        _series.update(
-            acceptance_length=prometheus_client.Histogram(
-                "peagle:acceptance_length", "Tokens emitted per request per step (1 + accepted drafts), per step.",
-                buckets=buckets),
-            draft_tokens=prometheus_client.Histogram(
-                "peagle:draft_tokens_per_request", "Drafts verified per request per step (the chosen K).",
-                buckets=[0.5, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32]),
-            accepted_per_pos=prometheus_client.Counter(
-                "peagle:accepted_tokens_per_position", "Accepted drafts per position.", ["position"]),
-            drafted_per_pos=prometheus_client.Counter(
-                "peagle:draft_tokens_per_position", "Verified drafts per position.", ["position"]),
-            window_rate=prometheus_client.Gauge(
-                "peagle:block_acceptance_rate_window", "Accepted / drafted tokens over the last 20 steps."),
-            chosen_k=prometheus_client.Counter(
-                "peagle:chosen_k", "Requests per engine step given each K (adaptive depth; 0: plain decoding).", ["k"]),
-            fallbacks=prometheus_client.Counter(
-                "peagle:fallback_request_steps", "Requests per engine step in fallback (K=0: plain decoding)."),
-            steps_without_draft=prometheus_client.Counter(
-                "peagle:steps_without_draft", "Engine steps with every request in fallback: the head did not run."),
-            draft_seconds=prometheus_client.Histogram(
-                "peagle:draft_forward_seconds", "Time of each draft: inputs, one head forward, sampling.",
-                buckets=[1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0]),
-        )
-    return _series
+def _unregister_ours() -> None:
+    """Drops every peagle: collector from the registry, as vLLM drops its vllm: ones when a new
+    front end's Prometheus logger starts: the series then belong to that front end's engines."""
+    registry = prometheus_client.REGISTRY
+    for collector in list(registry._collector_to_names):
+        if getattr(collector, "_name", "").startswith(PREFIX):
+            registry.unregister(collector)
 
 
-def _wrap_init(original):
+def _new_series(labelnames: list[str]) -> dict[str, prometheus_client.metrics.MetricWrapperBase]:
+    """Our series, labelled like vLLM's own (model_name, engine), registered afresh."""
+    _unregister_ours()
+    buckets = [1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 28, 33]
+    c, h = prometheus_client.Counter, prometheus_client.Histogram
+    return dict(
+        acceptance_length=h("peagle:acceptance_length",
+                            "Tokens emitted per request per step (1 + accepted drafts), per step.", labelnames,
+                            buckets=buckets),
+        draft_tokens=h("peagle:draft_tokens_per_request", "Drafts verified per request per step (the chosen K).",
+                       labelnames, buckets=[0.5, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32]),
+        accepted_per_pos=c("peagle:accepted_tokens_per_position", "Accepted drafts per position.",
+                           labelnames + ["position"]),
+        drafted_per_pos=c("peagle:draft_tokens_per_position", "Verified drafts per position.",
+                          labelnames + ["position"]),
+        window_rate=prometheus_client.Gauge(
+            "peagle:block_acceptance_rate_window", "Accepted / drafted tokens over the last 20 steps.", labelnames,
+            multiprocess_mode="mostrecent"),
+        chosen_k=c("peagle:chosen_k", "Requests per engine step given each K (adaptive depth; 0: plain decoding).",
+                   labelnames + ["k"]),
+        fallbacks=c("peagle:fallback_request_steps", "Requests per engine step in fallback (K=0: plain decoding).",
+                    labelnames),
+        steps_without_draft=c("peagle:steps_without_draft",
+                              "Engine steps with every request in fallback: the head did not run.", labelnames),
+        draft_seconds=h("peagle:draft_forward_seconds", "Time of each draft: inputs, one head forward, sampling.",
+                        labelnames,
+                        buckets=[1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0]),
+    )
+
+
+class _PromState:
+    """A p_eagle front end's Prometheus side: our series, and each engine's acceptance window."""
+
+    def __init__(self, labelnames: list[str], per_engine_labelvalues: dict[int, list[object]],
+                 warn_below: float) -> None:
+        self.series = _new_series(labelnames)
+        self.labels = per_engine_labelvalues
+        self.monitors = {idx: AcceptanceMonitor(warn_below) for idx in per_engine_labelvalues}
+
+    def observe_spec(self, stats, engine_idx: int) -> None:
+        monitor, labels = self.monitors.get(engine_idx), self.labels.get(engine_idx)
+        step = monitor and monitor.observe(stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
+        if step is None:
+            return
+        m = self.series
+        m["acceptance_length"].labels(*labels).observe(step.acceptance_length)
+        m["draft_tokens"].labels(*labels).observe(step.draft_tokens_per_request)
+        m["window_rate"].labels(*labels).set(step.window_rate)
+        for pos, (acc, drafted) in enumerate(zip(stats.num_accepted_tokens_per_pos, stats.num_draft_tokens_per_pos)):
+            if drafted:
+                m["drafted_per_pos"].labels(*labels, str(pos)).inc(drafted)
+                m["accepted_per_pos"].labels(*labels, str(pos)).inc(acc)
+        if step.warning:
+            logger.warning(step.warning)
+
+    def observe_engine(self, fig: EngineFigures, engine_idx: int) -> None:
+        labels = self.labels.get(engine_idx)
+        if labels is None:
+            return
+        m = self.series
+        for k, n in fig.chosen_k.items():
+            m["chosen_k"].labels(*labels, str(k)).inc(n)
+        m["fallbacks"].labels(*labels).inc(fig.chosen_k.get(0, 0))
+        m["steps_without_draft"].labels(*labels).inc(fig.steps_without_draft)
+        for _ in range(fig.draft_forwards):  # one forward per step: the mean of the step is each one's time
+            m["draft_seconds"].labels(*labels).observe(fig.draft_us / fig.draft_forwards / 1e6)
+
+
+class _LogState:
+    """One engine's periodic-log side: its acceptance window and the engine figures since the last line."""
+
+    def __init__(self) -> None:
+        self.window = AcceptanceMonitor(0.0)  # warnings come from the Prometheus side
+        self.rate: float | None = None
+        self.since_log = EngineFigures()
+
+    def engine_line(self) -> str:
+        """Chosen K, fallbacks and draft time since the last line (then reset); empty when none came."""
+        fig = self.since_log
+        chosen = sum(fig.chosen_k.values())
+        if not chosen and not fig.draft_forwards:
+            return ""
+        mean_k = sum(k * n for k, n in fig.chosen_k.items()) / max(chosen, 1)
+        line = (f", chosen K mean {mean_k:.2f} ({fig.chosen_k.get(0, 0) / max(chosen, 1):.0%} in fallback), "
+                f"steps without a draft: {fig.steps_without_draft}, draft time "
+                f"{fig.draft_us / 1e3 / max(fig.draft_forwards, 1):.2f} ms x {fig.draft_forwards}")
+        fig.drain()
+        return line
+
+
+def _wrap_prom_init(original):
     @functools.wraps(original)
-    def __init__(self, speculative_config, *args, **kwargs):
-        original(self, speculative_config, *args, **kwargs)
-        self._peagle_monitor = None
+    def __init__(self, speculative_config, labelnames, per_engine_labelvalues, *args, **kwargs):
+        original(self, speculative_config, labelnames, per_engine_labelvalues, *args, **kwargs)
         if speculative_config is not None and is_marked(speculative_config):
             opts = mark_of(speculative_config)["options"]
-            self._peagle_monitor = AcceptanceMonitor(opts.get("acceptance_warn_below", 0.75))
-            _metrics()
+            setattr(self, STATE_ATTR, _PromState(list(labelnames), dict(per_engine_labelvalues),
+                                                 opts.get("acceptance_warn_below", 0.75)))
 
     return __init__
 
 
-def _wrap_observe(original):
+def _engine_idx(args: tuple, kwargs: dict) -> int:
+    """vLLM's `engine_idx` argument, positional or not (0 when absent, as vLLM defaults it)."""
+    idx = args[0] if args else kwargs.get("engine_idx")
+    return 0 if idx is None else idx
+
+
+def _wrap_prom_observe(original):
     @functools.wraps(original)
     def observe(self, stats, *args, **kwargs):
         original(self, stats, *args, **kwargs)
-        monitor: AcceptanceMonitor | None = getattr(self, "_peagle_monitor", None)
-        if monitor is None:
-            return
-        step = monitor.observe(stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
-        if step is None:
-            return
-        m = _series
-        m["acceptance_length"].observe(step.acceptance_length)
-        m["draft_tokens"].observe(step.draft_tokens_per_request)
-        m["window_rate"].set(step.window_rate)
-        for pos, (acc, drafted) in enumerate(zip(stats.num_accepted_tokens_per_pos, stats.num_draft_tokens_per_pos)):
-            if drafted:
-                m["drafted_per_pos"].labels(str(pos)).inc(drafted)
-                m["accepted_per_pos"].labels(str(pos)).inc(acc)
-        if step.warning:
-            logger.warning(step.warning)
+        state: _PromState | None = getattr(self, STATE_ATTR, None)
+        if state is not None:
+            state.observe_spec(stats, _engine_idx(args, kwargs))
 
     return observe
 
 
-def _observe_engine_figures(fig: EngineFigures) -> None:
-    m = _metrics()
-    for k, n in fig.chosen_k.items():
-        m["chosen_k"].labels(str(k)).inc(n)
-    m["fallbacks"].inc(fig.chosen_k.get(0, 0))
-    m["steps_without_draft"].inc(fig.steps_without_draft)
-    for _ in range(fig.draft_forwards):  # one forward per step: the mean of the step is each one's time
-        m["draft_seconds"].observe(fig.draft_us / fig.draft_forwards / 1e6)
-    _since_log.add(fig)
-
-
-def _wrap_record(original):
+def _wrap_logging_init(original):
     @functools.wraps(original)
-    def record(self, scheduler_stats, *args, **kwargs):
-        carrier = getattr(scheduler_stats, CARRIER_FIELD, None)
-        fig = EngineFigures.take_from(carrier) if isinstance(carrier, dict) else None
-        if fig is not None:
-            _observe_engine_figures(fig)
-        return original(self, scheduler_stats, *args, **kwargs)
+    def __init__(self, vllm_config, *args, **kwargs):
+        original(self, vllm_config, *args, **kwargs)
+        spec = vllm_config.speculative_config
+        if spec is not None and is_marked(spec):
+            setattr(self.spec_decoding_logging, STATE_ATTR, _LogState())
 
-    return record
+    return __init__
 
 
-def _engine_line() -> str:
-    """Chosen K, fallbacks and draft time since the last line (then reset); empty when none came."""
-    fig = _since_log
-    chosen = sum(fig.chosen_k.values())
-    if not chosen and not fig.draft_forwards:
-        return ""
-    mean_k = sum(k * n for k, n in fig.chosen_k.items()) / max(chosen, 1)
-    line = (f", chosen K mean {mean_k:.2f} ({fig.chosen_k.get(0, 0) / max(chosen, 1):.0%} in fallback), "
-            f"steps without a draft: {fig.steps_without_draft}, draft time "
-            f"{fig.draft_us / 1e3 / max(fig.draft_forwards, 1):.2f} ms x {fig.draft_forwards}")
-    fig.drain()
-    return line
+def _wrap_logging_observe(original):
+    @functools.wraps(original)
+    def observe(self, stats, *args, **kwargs):
+        original(self, stats, *args, **kwargs)
+        state: _LogState | None = getattr(self, STATE_ATTR, None)
+        if state is not None:
+            step = state.window.observe(stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
+            if step is not None:
+                state.rate = step.window_rate
+
+    return observe
 
 
 def _wrap_log(original):
@@ -136,12 +187,43 @@ def _wrap_log(original):
             original(self, *args, **kwargs)
         else:
             original(self, log_fn, *args, **kwargs)
-        if _series and drafts:
+        state: _LogState | None = getattr(self, STATE_ATTR, None)
+        if state is not None and drafts and state.rate is not None:
             (log_fn or logger.info)(
                 "p_eagle metrics: block acceptance over the last 20 steps: %.1f%%, mean verified K per request: %.2f%s",
-                100 * _series["window_rate"]._value.get(), drafted / drafts, _engine_line())
+                100 * state.rate, drafted / drafts, state.engine_line())
 
     return log
+
+
+def _routes(manager, engine_idx: int):
+    """This engine's states among a StatLoggerManager's loggers: the Prometheus one's, and the logging
+    one's (per engine)."""
+    for stat_logger in manager.stat_loggers:
+        state = getattr(getattr(stat_logger, "spec_decoding_prom", None), STATE_ATTR, None)
+        if state is not None:
+            yield state
+        per_engine = getattr(stat_logger, "per_engine_stat_loggers", {}).get(engine_idx)
+        state = getattr(getattr(per_engine, "spec_decoding_logging", None), STATE_ATTR, None)
+        if state is not None:
+            yield state
+
+
+def _wrap_record(original):
+    @functools.wraps(original)
+    def record(self, scheduler_stats, *args, **kwargs):
+        carrier = getattr(scheduler_stats, CARRIER_FIELD, None)
+        fig = EngineFigures.take_from(carrier) if isinstance(carrier, dict) else None
+        if fig is not None:
+            idx = kwargs.get("engine_idx", args[2] if len(args) > 2 else None) or 0
+            for state in _routes(self, idx):
+                if isinstance(state, _PromState):
+                    state.observe_engine(fig, idx)
+                else:
+                    state.since_log.add(fig)
+        return original(self, scheduler_stats, *args, **kwargs)
+
+    return record
 
 
 def _with_peagle_series(original):
@@ -171,17 +253,19 @@ def _with_peagle_series(original):
 
 
 def patch() -> None:
-    """Wraps SpecDecodingProm.__init__/observe, SpecDecodingLogging.log, StatLoggerManager.record and
-    LLMEngine's get_metrics_snapshot once."""
+    """Wraps SpecDecodingProm.__init__/observe, LoggingStatLogger.__init__, SpecDecodingLogging.observe/log,
+    StatLoggerManager.record and LLMEngine's get_metrics_snapshot once."""
     from vllm.v1.engine import llm_engine
-    from vllm.v1.metrics.loggers import StatLoggerManager
+    from vllm.v1.metrics.loggers import LoggingStatLogger, StatLoggerManager
     from vllm.v1.spec_decode.metrics import SpecDecodingLogging, SpecDecodingProm
 
     if getattr(SpecDecodingProm.observe, "__peagle_patched__", False):
         return
-    SpecDecodingProm.__init__ = _wrap_init(SpecDecodingProm.__init__)
-    SpecDecodingProm.observe = _wrap_observe(SpecDecodingProm.observe)
+    SpecDecodingProm.__init__ = _wrap_prom_init(SpecDecodingProm.__init__)
+    SpecDecodingProm.observe = _wrap_prom_observe(SpecDecodingProm.observe)
     SpecDecodingProm.observe.__peagle_patched__ = True
+    LoggingStatLogger.__init__ = _wrap_logging_init(LoggingStatLogger.__init__)
+    SpecDecodingLogging.observe = _wrap_logging_observe(SpecDecodingLogging.observe)
     SpecDecodingLogging.log = _wrap_log(SpecDecodingLogging.log)
     StatLoggerManager.record = _wrap_record(StatLoggerManager.record)
     llm_engine.get_metrics_snapshot = _with_peagle_series(llm_engine.get_metrics_snapshot)

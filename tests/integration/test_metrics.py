@@ -19,34 +19,40 @@ def _totals(llm) -> dict[str, float]:
 
 
 def _chosen_k(llm) -> dict[str, int]:
-    """peagle:chosen_k by its K label (cumulative in the process)."""
+    """peagle:chosen_k by its K label."""
     return {m.labels["k"]: m.value for m in llm.get_metrics() if m.name == "peagle:chosen_k"}
 
 
 def test_peagle_series_agree_with_vllm_counters(demo) -> None:
+    """Our series against vLLM's counters, in the second p_eagle engine of the process: like vLLM's
+    own, they start afresh with each front end (not summed with the first engine's) and carry its labels."""
     from vllm import SamplingParams
 
     from peagle_vllm.corpus import held_out_prompts
 
-    llm = make_llm(str(demo["target"]), {"method": "p_eagle", "model": str(demo["draft"]), "num_speculative_tokens": 8})
-    before, chosen_before = _totals(llm), _chosen_k(llm)
+    spec = {"method": "p_eagle", "model": str(demo["draft"]), "num_speculative_tokens": 8}
+    first = make_llm(str(demo["target"]), {**spec, "adaptive": False})
+    first.generate(held_out_prompts(2, seed=3), SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
+    assert _totals(first)["peagle:accepted_tokens_per_position"] > 0
+    close_llm(first)
+    llm = make_llm(str(demo["target"]), spec)
     llm.generate(held_out_prompts(6, seed=2), SamplingParams(temperature=0, max_tokens=64), use_tqdm=False)
-    after = _totals(llm)
-    chosen_k = {k: n - chosen_before.get(k, 0) for k, n in _chosen_k(llm).items()}
+    totals, chosen_k = _totals(llm), _chosen_k(llm)
+    ours = [m for m in llm.get_metrics() if m.name.startswith("peagle:")]
     close_llm(llm)
-    delta = {k: after[k] - before.get(k, 0) for k in after}
-    assert delta["vllm:spec_decode_num_drafts"] > 0
-    assert delta["peagle:accepted_tokens_per_position"] == delta["vllm:spec_decode_num_accepted_tokens"]
-    assert delta["peagle:draft_tokens_per_position"] == delta["vllm:spec_decode_num_draft_tokens"]
-    assert delta["peagle:acceptance_length"] > 0  # one observation per engine step with drafts
-    assert 0.0 <= after["peagle:block_acceptance_rate_window"] <= 1.0
+    assert totals["vllm:spec_decode_num_drafts"] > 0
+    assert totals["peagle:accepted_tokens_per_position"] == totals["vllm:spec_decode_num_accepted_tokens"]
+    assert totals["peagle:draft_tokens_per_position"] == totals["vllm:spec_decode_num_draft_tokens"]
+    assert totals["peagle:acceptance_length"] > 0  # one observation per engine step with drafts
+    assert 0.0 <= totals["peagle:block_acceptance_rate_window"] <= 1.0
     # engine-side figures: a K chosen per request per step (drafts chosen are verified the step after,
     # except a finished request's last ones), one timed draft forward behind every verifying step
     drafts_chosen = sum(int(k) * n for k, n in chosen_k.items())
-    assert drafts_chosen >= delta["vllm:spec_decode_num_draft_tokens"] > 0
-    assert delta["peagle:chosen_k"] >= delta["vllm:spec_decode_num_drafts"]
-    assert delta["peagle:fallback_request_steps"] == chosen_k.get("0", 0)
-    assert delta["peagle:draft_forward_seconds"] >= delta["peagle:acceptance_length"]
+    assert drafts_chosen >= totals["vllm:spec_decode_num_draft_tokens"] > 0
+    assert totals["peagle:chosen_k"] >= totals["vllm:spec_decode_num_drafts"]
+    assert totals["peagle:fallback_request_steps"] == chosen_k.get("0", 0)
+    assert totals["peagle:draft_forward_seconds"] >= totals["peagle:acceptance_length"]
+    assert {(m.labels["model_name"], m.labels["engine"]) for m in ours} == {(str(demo["target"]), "0")}
 
 
 def test_per_request_spec_decode_metrics_when_asked(demo) -> None:
