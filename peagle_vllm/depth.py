@@ -20,8 +20,8 @@ speculation: the speculative figure there is as old as the last stretch of specu
 spell of the machine, which slows the plain steps timed now, would otherwise read as a gain; when
 plain decoding measures slower than speculation last did, the trial comes early instead. Left out:
 steps with a prompt in them, and the steps of a switch, paid once per stretch of speculation (the
-step that drafts with nothing to verify, the one after it, whose drafts came from a head whose KV
-misses the plain steps before, and the first plain step after a draft, which carries the last
+step that drafts with nothing to verify, where the head also catches up on the tokens of the plain
+steps before, the one after it, and the first plain step after a draft, which carries the last
 choice's bookkeeping and the blocks it hands back). A speculative step is credited with the tokens
 its drafts were expected to yield when chosen (the acceptance estimates, which rest on every
 verification), not those it happened to yield: one step's accepted count varies by a third of its

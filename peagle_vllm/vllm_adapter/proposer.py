@@ -82,8 +82,8 @@ class PEagleProposer(EagleProposer):
     def _draft_depth(self) -> int:
         """Drafts per request this step: under adaptive depth the most any scheduled request may
         get (sent by the scheduler), else K. Depth 1 has no mask slots: plain EAGLE input. Depth 0:
-        every request is in fallback, no draft runs (the head's KV then has a gap at this step's
-        positions: later drafts may be worse, outputs never change)."""
+        every request is in fallback, no draft runs (the head's KV then misses this step's tokens: the
+        scheduler has them computed again when the request drafts next, see head_catch_up)."""
         depth = getattr(self._runner, "peagle_draft_depth", None)
         return self.num_speculative_tokens if depth is None else min(depth, self.num_speculative_tokens)
 

@@ -6,13 +6,16 @@
   decoding for that request); then blocks the request no longer needs go back to the pool
   (`rollback_hook.release_surplus`). Seeded requests keep K_max so that the same seed gives the
   same output.
-- `schedule`: the block counts of released requests, and the most drafts any scheduled request may
-  get next, ride to the worker on the SchedulerOutput (the proposer drafts only that deep; at 0,
-  a batch in fallback, no draft runs and the step costs what plain decoding costs).
+- `schedule`: first, a request about to draft after steps that ran no draft has the tokens of those
+  steps computed again, so that the head's KV has them (`head_catch_up`). After it, the block counts
+  of released requests, and the most drafts any scheduled request may get next, ride to the worker
+  on the SchedulerOutput (the proposer drafts only that deep; at 0, a batch in fallback, no draft
+  runs and the step costs what plain decoding costs).
 - The KV manager's allocate_slots reserves each request's draft-head lookahead for its own K.
 - `update_from_output`: accepted counts per request and the step's time, token count and draft rows
   feed the controller; finished requests are forgotten; every 10 s a `p_eagle depth:` line logs the
-  controller's regime, its probe interval, the fitted step costs and the blocks released early.
+  controller's regime, its probe interval, the fitted step costs, the blocks released early and the
+  tokens computed again for the head.
   After a depth-0 step no draft token ids come (the worker drafted nothing): the controller's choice
   for that step (K=0 for all) is made here instead.
 - `make_stats`: the K chosen per request, steps without a draft and the draft time measured in the
@@ -32,6 +35,7 @@ from peagle_vllm.depth import DepthController, DepthOptions, Step
 from peagle_vllm.metrics import EngineFigures
 from peagle_vllm.vllm_adapter import rollback_hook
 from peagle_vllm.vllm_adapter.config_hook import is_marked, mark_of
+from peagle_vllm.vllm_adapter.head_catch_up import HeadGaps
 
 logger = logging.getLogger("peagle_vllm")
 ATTR = "_peagle_depth"
@@ -64,6 +68,7 @@ def _wrap_init(original):
                 self._peagle_reserved: dict[str, int] = {}  # drafts whose lookahead is reserved
                 self._peagle_seeded_ids: dict[str, bool] = {}  # see _is_seeded
                 self._peagle_block_counts: dict[str, tuple[int, ...]] = {}  # released, for the worker
+                self._peagle_gaps = HeadGaps()  # tokens the draft head has not seen (steps in fallback)
                 self.peagle_blocks_released = 0  # blocks handed back before their request ended
                 self._peagle_trimmable = rollback_hook.trimmable_managers(self)  # fixed for the engine's life
                 rollback_hook.reserve_own_lookahead(self, self._peagle_lookahead)
@@ -83,8 +88,10 @@ def _lookahead(self, request) -> int:
 def _wrap_schedule(original):
     @functools.wraps(original)
     def schedule(self, *args, **kwargs):
-        out = original(self, *args, **kwargs)
         ctrl: DepthController | None = getattr(self, ATTR, None)
+        if ctrl is not None:
+            self._peagle_gaps.rewind(self, lambda rid: self._peagle_seeded(rid) or ctrl.reservation(rid) > 0)
+        out = original(self, *args, **kwargs)
         if ctrl is None:
             return out
         if self._peagle_block_counts:
@@ -181,15 +188,19 @@ def _wrap_update_from_output(original):
                 self._peagle_last_log = now
                 line = ctrl.summary()
                 if line:
-                    logger.info("p_eagle depth: %s; KV blocks released early: %d", line, self.peagle_blocks_released)
+                    logger.info("p_eagle depth: %s; KV blocks released early: %d; head catch-up tokens: %d", line,
+                                self.peagle_blocks_released, self._peagle_gaps.caught_up)
             index = model_runner_output.req_id_to_index
             sampled = model_runner_output.sampled_token_ids
             for req_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
                 i = index.get(req_id)
                 if i is not None and i < len(sampled):
                     ctrl.observe(req_id, len(drafts), max(len(sampled[i]) - 1, 0))
+            self._peagle_gaps.note_step(scheduler_output.num_scheduled_tokens,
+                                        drafted=getattr(scheduler_output, DRAFT_DEPTH_ATTR, None) != 0)
             for req_id in scheduler_output.finished_req_ids:
                 ctrl.forget(req_id)
+                self._peagle_gaps.forget(req_id)
                 self._peagle_reserved.pop(req_id, None)
                 self._peagle_seeded_ids.pop(req_id, None)
         without_drafts = ctrl is not None and getattr(scheduler_output, DRAFT_DEPTH_ATTR, None) == 0

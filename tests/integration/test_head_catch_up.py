@@ -1,0 +1,81 @@
+"""After steps that ran no draft (adaptive depth's fallback), a request that drafts again has the tokens
+it decoded meanwhile computed again, so the draft head's KV has them: its drafts are then those of an
+engine that drafted on every step, position by position, and outputs stay those of greedy decoding."""
+
+from __future__ import annotations
+
+from peagle_vllm.depth import DepthController
+from peagle_vllm.runs import close_llm, make_llm
+from peagle_vllm.vllm_adapter.rollback_hook import POISON_ENV
+
+GAP = range(8, 38)  # controller steps forced plain (every request at K=0): 30 tokens, one catch-up's worth
+
+
+def _force_gap(monkeypatch) -> None:
+    """The real controller, except that its choices on the steps of GAP are K=0 with nothing reserved."""
+    choose, reservation = DepthController.choose, DepthController.reservation
+
+    def forced_choose(self, req_ids, caps=None):
+        ks = choose(self, req_ids, caps)
+        if self.steps in GAP:
+            for rid in req_ids:
+                self._stats(rid).last_k = 0
+            return [0] * len(req_ids)
+        return ks
+
+    def forced_reservation(self, req_id):
+        return 0 if self.steps + 1 in GAP else reservation(self, req_id)
+
+    monkeypatch.setattr(DepthController, "choose", forced_choose)
+    monkeypatch.setattr(DepthController, "reservation", forced_reservation)
+
+
+def _run(demo, spec: dict, prompts: list[str]) -> tuple[list[list[int]], dict[tuple[int, int], list[int]], object]:
+    """Greedy outputs, the drafts of each step after GAP keyed by (prompt, position of the first draft),
+    and the scheduler's head-gap bookkeeping (None without adaptive depth)."""
+    from vllm import SamplingParams
+
+    # one request at a time, in prompt order; no prefix caching, whose blocks are never computed again
+    llm = make_llm(str(demo["target"]), spec, max_num_seqs=1, enable_prefix_caching=False)
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    controller = getattr(scheduler, "_peagle_depth", None)
+    drafts: dict[tuple[int, int], list[int]] = {}
+    order: dict[tuple[int, ...], int] = {}
+    update = scheduler.update_draft_token_ids
+
+    def record(draft_token_ids):
+        for rid, ids in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids):
+            request = scheduler.requests.get(rid)
+            if request is None:  # finished in this step: its drafts are dropped
+                continue
+            prompt = order.setdefault(tuple(request.prompt_token_ids), len(order))
+            if controller is None or controller.steps >= GAP.stop:  # the head drafted as deep as reserved
+                depth = scheduler._peagle_reserved.get(rid, len(ids)) if controller is not None else len(ids)
+                drafts[(prompt, request.num_tokens)] = list(ids)[:depth]
+        return update(draft_token_ids)
+
+    scheduler.update_draft_token_ids = record
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True), use_tqdm=False)
+    gaps = getattr(scheduler, "_peagle_gaps", None)
+    close_llm(llm)
+    return [list(o.outputs[0].token_ids) for o in outs], drafts, gaps
+
+
+def test_drafts_after_a_gap_match_an_engine_that_never_stopped_drafting(demo, monkeypatch) -> None:
+    from peagle_vllm.corpus import held_out_prompts
+
+    prompts = held_out_prompts(2, seed=4)
+    spec = {"method": "p_eagle", "model": str(demo["draft"]), "num_speculative_tokens": 4}
+    expected, reference, _ = _run(demo, {**spec, "adaptive": False}, prompts)
+    _force_gap(monkeypatch)
+    # every slot past a request's committed length holds a huge value before each step, so the head's
+    # slots left unwritten by the gap would change its drafts if the catch-up did not write them
+    monkeypatch.setenv(POISON_ENV, "1")
+    outputs, drafts, gaps = _run(demo, {**spec, "min_k": 1}, prompts)  # min_k 1: no fallback of its own
+    assert outputs == expected
+    assert gaps.caught_up >= len(GAP)
+    after_gap = sorted(key for key in drafts if key in reference and key[0] == 0)  # the request with the gap
+    assert len(after_gap) >= 10
+    for key in after_gap:
+        n = min(len(drafts[key]), len(reference[key]))
+        assert drafts[key][:n] == reference[key][:n], f"drafts differ at position {key[1]} of prompt {key[0]}"
