@@ -27,6 +27,8 @@ def _discarded_cpu_generators(runner) -> dict[int, torch.Generator]:
     if mask is None:
         return {}
     generators = runner.input_batch.generators
+    if not generators:  # no seeded request in the batch (the common case): nothing to look up
+        return {}
     rows = mask.np[:runner.input_batch.num_reqs].nonzero()[0].tolist()
     return {i: generators[i] for i in rows if i in generators and generators[i].device.type == "cpu"}
 

@@ -72,16 +72,21 @@ class _PromState:
         self.series = _new_series(labelnames)
         self.labels = per_engine_labelvalues
         self.monitors = {idx: AcceptanceMonitor(warn_below) for idx in per_engine_labelvalues}
+        # each engine's children of the series labelled by engine only (and of chosen_k by K, added as
+        # they come), looked up once rather than per step
+        self.children: dict[int, dict] = {idx: {name: metric.labels(*labels) for name, metric in self.series.items()
+                               if name not in ("accepted_per_pos", "drafted_per_pos", "chosen_k")}
+                         for idx, labels in per_engine_labelvalues.items()}
 
     def observe_spec(self, stats, engine_idx: int) -> None:
         monitor, labels = self.monitors.get(engine_idx), self.labels.get(engine_idx)
         step = monitor and monitor.observe(stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
         if step is None:
             return
-        m = self.series
-        m["acceptance_length"].labels(*labels).observe(step.acceptance_length)
-        m["draft_tokens"].labels(*labels).observe(step.draft_tokens_per_request)
-        m["window_rate"].labels(*labels).set(step.window_rate)
+        c, m = self.children[engine_idx], self.series
+        c["acceptance_length"].observe(step.acceptance_length)
+        c["draft_tokens"].observe(step.draft_tokens_per_request)
+        c["window_rate"].set(step.window_rate)
         for pos, (acc, drafted) in enumerate(zip(stats.num_accepted_tokens_per_pos, stats.num_draft_tokens_per_pos)):
             if drafted:
                 m["drafted_per_pos"].labels(*labels, str(pos)).inc(drafted)
@@ -93,13 +98,18 @@ class _PromState:
         labels = self.labels.get(engine_idx)
         if labels is None:
             return
-        m = self.series
+        c = self.children[engine_idx]
         for k, n in fig.chosen_k.items():
-            m["chosen_k"].labels(*labels, str(k)).inc(n)
-        m["fallbacks"].labels(*labels).inc(fig.chosen_k.get(0, 0))
-        m["steps_without_draft"].labels(*labels).inc(fig.steps_without_draft)
+            child = c.get(k)  # per K, looked up once
+            if child is None:
+                child = c[k] = self.series["chosen_k"].labels(*labels, str(k))
+            child.inc(n)
+        if 0 in fig.chosen_k:
+            c["fallbacks"].inc(fig.chosen_k[0])
+        if fig.steps_without_draft:
+            c["steps_without_draft"].inc(fig.steps_without_draft)
         for _ in range(fig.draft_forwards):  # one forward per step: the mean of the step is each one's time
-            m["draft_seconds"].labels(*labels).observe(fig.draft_us / fig.draft_forwards / 1e6)
+            c["draft_seconds"].observe(fig.draft_us / fig.draft_forwards / 1e6)
 
 
 class _LogState:
