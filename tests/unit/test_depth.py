@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from peagle_vllm.depth import CostModel, DepthController, DepthOptions, Step
+
+RECORDED_STEPS = Path(__file__).parent / "data" / "demo_engine_steps_c1.json"
 
 
 def run(ctrl: DepthController, alpha: float, steps: int, c0: float = 1.0, c1: float = 0.01,
@@ -89,6 +93,25 @@ def test_plain_steps_pin_the_per_token_cost_that_speculation_is_priced_with() ->
         model.observe(128, 64, 0.008 + 0.0002 * 128 + 0.0001 * 64)
     assert model.s[1] == pytest.approx(0.0002, rel=0.02) and model.p0 == pytest.approx(0.003, rel=0.02)
     assert model.seconds(np.array([128]), np.array([64]))[0] == pytest.approx(0.0402, rel=0.02)
+
+
+def test_cost_fit_prices_a_recorded_batch_one_engine_as_measured() -> None:
+    """1,000 steps of the demo engine at concurrency 1 under adaptive depth (Step fields, milliseconds):
+    plain steps of 3-4 ms, speculative ones of 6-8 ms at K=1-4, a few deeper. At batch 1 the verified
+    tokens and the draft rows rise together and every plain step has T = 1, so the data fix only sums
+    of the costs; a fit that clipped its negative terms at 0 after solving priced a plain step at 8.7 ms
+    and a draft row at 4.5 ms for hundreds of these steps (trials then drafted one token, a losing depth)."""
+    model = CostModel()
+    errors: list[float] = []
+    for i, (tokens, rows, ms, requests, emitted, verified) in enumerate(json.loads(RECORDED_STEPS.read_text())):
+        step = Step(tokens, rows, ms / 1e3, requests, emitted, verified)
+        if not (step.decode_only and emitted):
+            continue
+        if model.p0 is not None:  # each step priced before it is seen
+            errors.append(abs(1e3 * model.seconds(np.array([tokens]), np.array([rows]))[0] - ms) / ms)
+        model.observe(tokens, rows, step.seconds)
+    assert len(errors) > 900
+    assert max(np.median(errors[k: k + 100]) for k in range(0, len(errors), 100)) < 0.15
 
 
 def test_decision_cost_is_small() -> None:
@@ -201,13 +224,13 @@ def _reserve_and_verify(ctrl: DepthController, ids: list[str], ks: list[int], al
 
 
 def simulate(alpha: float, draft_overhead: float, steps: int = 600, batch: int = 8, token_cost: float = 0.02,
-             row_cost: float = 0.0, noise: float = 0.0, fixed_k: int | None = None) -> float:
+             row_cost: float = 0.0, noise: float = 0.0, fixed_k: int | None = None, seed: int = 0) -> float:
     """Tokens per second of adaptive depth over a batch, as the engine runs it (reserve, draft at the
     deepest reservation, choose within it), against a step cost of 1 + token_cost T + draft_overhead +
     row_cost D whenever a draft of D rows runs (times log-normal noise); divided by the tokens per
     second of plain decoding. `fixed_k`: a fixed K instead, for comparison."""
     ctrl = DepthController(DepthOptions(max_k=16))
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     ids = [f"r{i}" for i in range(batch)]
     ks = [0] * batch
     emitted = seconds = 0.0
@@ -238,14 +261,19 @@ def test_speculates_when_it_pays() -> None:
 def test_a_modest_gain_at_batch_one_is_taken() -> None:
     """Batch 1 on a small target (costs scaled from the demo engine at concurrency 1): running the draft
     costs 3/4 of a plain step, step times vary by 20%, and speculation wins by some 18% at its best K.
-    Adaptive depth, not knowing which K, takes most of that gain (measured: 0.95 of the best fixed K,
-    0.91 before speculative steps were credited with their expected tokens: one step's accepted count
-    varies by half its mean, so stretches of speculation were judged on noisy figures)."""
+    Adaptive depth, not knowing which K, takes most of that gain: 0.92 of the best fixed K over four
+    noise sequences (0.89-0.95 each; one sequence alone is a poor yardstick), and never less than plain
+    decoding."""
     costs = {"alpha": 0.6, "draft_overhead": 0.75, "batch": 1, "token_cost": 0.05, "row_cost": 0.012,
              "noise": 0.2, "steps": 2000}
-    best = max(simulate(**costs, fixed_k=k) for k in (1, 2, 4, 8, 16))
-    assert 1.1 < best < 1.25, "the premise: speculation pays, modestly"
-    assert simulate(**costs) > max(0.93 * best, 1.0)
+    ratios = []
+    for seed in range(4):
+        best = max(simulate(**costs, fixed_k=k, seed=seed) for k in (1, 2, 4, 8, 16))
+        assert 1.1 < best < 1.25, "the premise: speculation pays, modestly"
+        adaptive = simulate(**costs, seed=seed)
+        assert adaptive > 1.0
+        ratios.append(adaptive / best)
+    assert np.mean(ratios) > 0.9
 
 
 def simulate_waves(alpha: float, draft_overhead: float, batches: list[int], wave_tokens: int = 64,
