@@ -101,14 +101,23 @@ class _Speed:
     decay: float = 0.9  # some 10 steps; speculative steps count their expected tokens (see the module's doc)
     tokens: float = 0.0
     request_seconds: float = 0.0
+    seconds: float = 0.0
+    steps: float = 0.0
 
     def add(self, step: Step) -> None:
         self.tokens = self.tokens * self.decay + step.emitted
         self.request_seconds = self.request_seconds * self.decay + step.requests * step.seconds
+        self.seconds = self.seconds * self.decay + step.seconds
+        self.steps = self.steps * self.decay + 1.0
 
     @property
     def value(self) -> float | None:
         return self.tokens / self.request_seconds if self.request_seconds > 0 else None
+
+    @property
+    def step_seconds(self) -> float | None:
+        """How long one such step lasts (recent steps weigh more)."""
+        return self.seconds / self.steps if self.steps > 0 else None
 
 
 @dataclass
@@ -265,11 +274,15 @@ class DepthController:
         falls with the batch: only like is compared with like; the nearest measured bucket stands in
         until this one is, the larger of two as near: speculation gains less at larger batches, and
         a wrong speculation costs more than a wrong fallback); None before both are measured."""
+        speeds = self._measured(batch)
+        return None if speeds is None else (speeds[0].value, speeds[1].value)
+
+    def _measured(self, batch: int) -> tuple[_Speed, _Speed] | None:
+        """The (plain, speculative) figures `_measured_speeds` reads."""
         measured = [b for b, (p, s) in self.speeds.items() if p.value is not None and s.value is not None]
         if not measured:
             return None
-        plain, spec = self.speeds[min(measured, key=lambda b: (abs(b - _bucket(batch)), -b))]
-        return plain.value, spec.value
+        return self.speeds[min(measured, key=lambda b: (abs(b - _bucket(batch)), -b))]
 
     def speculation_measured_faster(self, batch: int) -> bool | None:
         """Whether speculation measures faster than plain decoding at about this batch size; within
@@ -284,15 +297,19 @@ class DepthController:
         return spec > plain
 
     def _fallback_interval(self, batch: int) -> int:
-        """Steps in fallback before the next probe: a probe's cost in plain steps lost (its steps at the
-        measured speed of speculation, and about one plain step for each of its two switches) over
-        `PROBE_BUDGET`, so that probing costs about that share of the time (clear losses are probed
-        less often than near ties); within 1x-64x `probe_every`."""
-        speeds = self._measured_speeds(batch)
+        """Steps in fallback before the next probe: a probe's cost in plain steps lost over `PROBE_BUDGET`,
+        so that probing costs about that share of the time (clear losses are probed less often than near
+        ties); within 1x-64x `probe_every`. A speculative step lasts `stretch` plain steps and yields the
+        tokens of spec/plain of them: each of the probe's timed steps loses stretch x (1 - spec/plain)
+        plain steps, the opening step (it drafts, verifies nothing) stretch - 1, and the first plain
+        step after it about one (measured at c=16 here: a speculative step lasts 5 plain steps, so a
+        probe lost some 16 plain steps, where counting its steps as plain ones had said 8)."""
+        speeds = self._measured(batch)
         if speeds is None:
             return self.opt.probe_every
         plain, spec = speeds
-        lost = (self.opt.probe_steps + 2) * max(plain / max(spec, 1e-9) - 1.0, 0.0) + 2.0
+        stretch = max(spec.step_seconds / plain.step_seconds, 1.0)
+        lost = self.opt.probe_steps * stretch * max(1.0 - spec.value / plain.value, 0.0) + stretch
         return int(np.clip(lost / PROBE_BUDGET, self.opt.probe_every, 64 * self.opt.probe_every))
 
     def _plain_unmeasured(self, batch: int) -> bool:

