@@ -270,15 +270,15 @@ class DepthController:
             plain.add(step)
 
     def _measured_speeds(self, batch: int) -> tuple[float, float] | None:
-        """(plain, speculative) tokens per request-second at about this batch size (per-request speed
-        falls with the batch: only like is compared with like; the nearest measured bucket stands in
-        until this one is, the larger of two as near: speculation gains less at larger batches, and
-        a wrong speculation costs more than a wrong fallback); None before both are measured."""
+        """(plain, speculative) tokens per request-second at about this batch size (see `_measured`)."""
         speeds = self._measured(batch)
         return None if speeds is None else (speeds[0].value, speeds[1].value)
 
     def _measured(self, batch: int) -> tuple[_Speed, _Speed] | None:
-        """The (plain, speculative) figures `_measured_speeds` reads."""
+        """The (plain, speculative) figures at about this batch size (per-request speed falls with the
+        batch: only like is compared with like; the nearest measured bucket stands in until this one
+        is, the larger of two as near: speculation gains less at larger batches, and a wrong
+        speculation costs more than a wrong fallback); None before both are measured."""
         measured = [b for b, (p, s) in self.speeds.items() if p.value is not None and s.value is not None]
         if not measured:
             return None

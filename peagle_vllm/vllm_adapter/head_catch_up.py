@@ -44,7 +44,9 @@ class HeadGaps:
 
     def rewind(self, scheduler, will_draft: Callable[[str], bool]) -> None:
         """Before scheduling: each running request with a gap that will draft this step computes up to
-        `limit` tokens of it again, `budget` tokens in all."""
+        `limit` tokens of it again, `budget` tokens in all. Its gap is then settled: the step computes
+        those tokens whenever the request is scheduled (a request left out of this step must not move
+        back again), and a step that runs no draft counts them as a gap once more (`note_step`)."""
         if not self.tokens or not self.limit or getattr(scheduler, "connector", None) is not None:
             return
         managers = scheduler.kv_cache_manager.coordinator.single_type_managers
@@ -55,7 +57,7 @@ class HeadGaps:
             floor = max((m.num_cached_block.get(request.request_id, 0) * m.block_size for m in managers), default=0)
             if request.sampling_params is not None and request.sampling_params.prompt_logprobs is not None:
                 floor = max(floor, request.num_prompt_tokens)
-            back = min(self.tokens[request.request_id], each, request.num_computed_tokens - max(floor, 1))
+            back = min(self.tokens.pop(request.request_id), each, request.num_computed_tokens - max(floor, 1))
             if back > 0:
                 request.num_computed_tokens -= back
                 self.caught_up += back
