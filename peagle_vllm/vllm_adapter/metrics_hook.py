@@ -72,11 +72,12 @@ class _PromState:
         self.series = _new_series(labelnames)
         self.labels = per_engine_labelvalues
         self.monitors = {idx: AcceptanceMonitor(warn_below) for idx in per_engine_labelvalues}
-        # each engine's children of the series labelled by engine only (and of chosen_k by K, added as
-        # they come), looked up once rather than per step
-        self.children: dict[int, dict] = {idx: {name: metric.labels(*labels) for name, metric in self.series.items()
-                               if name not in ("accepted_per_pos", "drafted_per_pos", "chosen_k")}
+        # each engine's children of the series labelled by engine only, and of chosen_k by K (added as
+        # they come): looked up once rather than per step
+        per_engine_only = [name for name in self.series if name not in ("accepted_per_pos", "drafted_per_pos", "chosen_k")]
+        self.children = {idx: {name: self.series[name].labels(*labels) for name in per_engine_only}
                          for idx, labels in per_engine_labelvalues.items()}
+        self.chosen_k: dict[int, dict[int, object]] = {idx: {} for idx in per_engine_labelvalues}
 
     def observe_spec(self, stats, engine_idx: int) -> None:
         monitor, labels = self.monitors.get(engine_idx), self.labels.get(engine_idx)
@@ -98,12 +99,11 @@ class _PromState:
         labels = self.labels.get(engine_idx)
         if labels is None:
             return
-        c = self.children[engine_idx]
+        c, by_k = self.children[engine_idx], self.chosen_k[engine_idx]
         for k, n in fig.chosen_k.items():
-            child = c.get(k)  # per K, looked up once
-            if child is None:
-                child = c[k] = self.series["chosen_k"].labels(*labels, str(k))
-            child.inc(n)
+            if k not in by_k:
+                by_k[k] = self.series["chosen_k"].labels(*labels, str(k))
+            by_k[k].inc(n)
         if 0 in fig.chosen_k:
             c["fallbacks"].inc(fig.chosen_k[0])
         if fig.steps_without_draft:
@@ -146,9 +146,10 @@ def _wrap_prom_init(original):
     return __init__
 
 
-def _engine_idx(args: tuple, kwargs: dict) -> int:
-    """vLLM's `engine_idx` argument, positional or not (0 when absent, as vLLM defaults it)."""
-    idx = args[0] if args else kwargs.get("engine_idx")
+def _engine_idx(args: tuple, kwargs: dict, position: int) -> int:
+    """vLLM's `engine_idx` argument, given at `position` among the remaining positional arguments or by
+    name (0 when absent or None, as vLLM defaults it)."""
+    idx = args[position] if len(args) > position else kwargs.get("engine_idx")
     return 0 if idx is None else idx
 
 
@@ -158,7 +159,7 @@ def _wrap_prom_observe(original):
         original(self, stats, *args, **kwargs)
         state: _PromState | None = getattr(self, STATE_ATTR, None)
         if state is not None:
-            state.observe_spec(stats, _engine_idx(args, kwargs))
+            state.observe_spec(stats, _engine_idx(args, kwargs, 0))
 
     return observe
 
@@ -225,7 +226,7 @@ def _wrap_record(original):
         carrier = getattr(scheduler_stats, CARRIER_FIELD, None)
         fig = EngineFigures.take_from(carrier) if isinstance(carrier, dict) else None
         if fig is not None:
-            idx = kwargs.get("engine_idx", args[2] if len(args) > 2 else None) or 0
+            idx = _engine_idx(args, kwargs, 2)  # after iteration_stats and mm_cache_stats
             for state in _routes(self, idx):
                 if isinstance(state, _PromState):
                     state.observe_engine(fig, idx)
