@@ -124,7 +124,7 @@ def run_bench(models: Path, out_dir: Path, ks: list[int], concurrencies: list[in
 
     def add(interface: str, rnd: int, mode: Mode, k: int, conc: int, temperature: float, figures: dict) -> None:
         rows.append({"interface": interface, "mode": mode.name, "k": k, "concurrency": conc,
-                     "temperature": temperature, **figures})
+                     "temperature": temperature, "round": rnd, **figures})
         bar.set_postfix_str(f"{interface} round {rnd + 1} {mode.name} K={k} c={conc} T={temperature}")
         bar.update()
 
@@ -199,17 +199,17 @@ def _offline_interleaved(target: Path, models: Path, jobs: list[tuple[Mode, int]
 
 def median_of_rounds(rows: list[dict]) -> list[dict]:
     """One row per mode, K and cell: the round with the median throughput (the lower middle one for an
-    even count), with every round's throughput (sorted) and their spread ((max - min) / median)."""
+    even count), with every round's throughput (in round order, so that modes can be compared round by
+    round) and their spread ((max - min) / median)."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["mode"], r["k"], *_cell(r)), []).append(r)
     out = []
     for same in groups.values():
-        same = sorted(same, key=lambda r: r["tokens_per_s"])
-        mid = same[(len(same) - 1) // 2]
-        runs = [r["tokens_per_s"] for r in same]
-        out.append({**mid, "rounds_tokens_per_s": [round(t, 1) for t in runs],
-                    "spread": round((runs[-1] - runs[0]) / statistics.median(runs), 3)})
+        mid = sorted(same, key=lambda r: r["tokens_per_s"])[(len(same) - 1) // 2]
+        runs = [r["tokens_per_s"] for r in sorted(same, key=lambda r: r.get("round", 0))]
+        out.append({**{k: v for k, v in mid.items() if k != "round"}, "rounds_tokens_per_s": [round(t, 1) for t in runs],
+                    "spread": round((max(runs) - min(runs)) / statistics.median(runs), 3)})
     return out
 
 
@@ -253,12 +253,24 @@ def adaptive_summary(rows: list[dict], fixed: str = "p_eagle-depth", adaptive: s
             base = next((x for x in same if x["mode"] == "no-spec"), None)
             lines.append(f"| {cell[0]} | {cell[1]} | {cell[2]:g} | {r['k']} | {r['tokens_per_s']:.1f} | {best['k']} | "
                          f"{best['tokens_per_s']:.1f} | {r['tokens_per_s'] / best['tokens_per_s']:.2f} | "
-                         f"{r['vs_no_spec'] or 0:.2f} | {_spread(r)} / {_spread(best)} / {_spread(base)} |")
+                         f"{r['vs_no_spec'] or 0:.2f} | {_spread(r)} / {_spread(best)} / {_spread(base)} | "
+                         f"{_paired(r, best)} | {_paired(r, base)} |")
     if not lines:
         return ""
     return ("| interface | conc. | T | adaptive K_max | adaptive tokens/s | best fixed K | its tokens/s "
-            "| adaptive / best fixed | adaptive / no-spec | spread over rounds: adaptive / best fixed / no-spec |"
-            "\n|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+            "| adaptive / best fixed | adaptive / no-spec | spread over rounds: adaptive / best fixed / no-spec "
+            "| paired: adaptive / best fixed | paired: adaptive / no-spec |"
+            "\n|---|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+
+
+def _paired(row: dict, other: dict | None) -> str:
+    """The median over rounds of the row's throughput over the other's in the same round (a cell's modes
+    run back to back in each round, so a slow spell of the machine weighs on both); "-" without several
+    rounds of both."""
+    mine, theirs = row.get("rounds_tokens_per_s", ()), (other or {}).get("rounds_tokens_per_s", ())
+    if len(mine) < 2 or len(mine) != len(theirs):
+        return "-"
+    return f"{statistics.median(a / b for a, b in zip(mine, theirs)):.2f}"
 
 
 def _spread(row: dict | None) -> str:

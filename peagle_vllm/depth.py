@@ -15,10 +15,12 @@ the measured speed (tokens per request-second, per batch size within a factor of
 steady plain steps (no draft, nothing verified) and steady speculative ones (drafts verified, a
 draft run) has the last word both ways: while speculation measures slower, every request is at
 K=0 (no draft runs at all); while it measures faster, the model picks the best n > 0; within `TIE`
-of each other the current regime stays. In fallback, though, only a trial (below) resumes
-speculation: the speculative figure there is as old as the last stretch of speculation, and a slow
-spell of the machine, which slows the plain steps timed now, would otherwise read as a gain; when
-plain decoding measures slower than speculation last did, the trial comes early instead. Left out:
+of each other the current regime stays, except at the end of a trial, which resumes speculation on a
+clear gain only. In fallback, only a trial (below) resumes speculation: the speculative figure there
+is as old as the last stretch of speculation, and a slow spell of the machine (its speed drifts by a
+third within seconds here), which slows the plain steps timed now, would otherwise read as a gain;
+when plain decoding measures slower than speculation last did, the trial comes early instead, but
+not before half its interval has passed. Left out:
 steps with a prompt in them, and the steps of a switch, paid once per stretch of speculation (the
 step that drafts with nothing to verify, where the head also catches up on the tokens of the plain
 steps before, the one after it, and the first plain step after a draft, which carries the last
@@ -33,7 +35,15 @@ Trials. Speculation is timed afresh by a trial: it runs at the K the model picks
 a number of steps set by what one costs at the measured speeds, switches included: about
 `PROBE_BUDGET` of the time (a clear loss is tried less often than a near tie, within 1x-64x
 `probe_every`), and at once when the batch is smaller than any tried so far (a lower load level,
-where speculation gains more). Its drafts start as deep as speculation last went. While
+where speculation gains more). Its drafts start as deep as speculation last went. A batch made
+mostly of new requests (at batch 1: each request) gets a trial too, whether speculating or not:
+requests differ widely (some accept ten drafts a step, most one or two), and a fixed K takes the
+easy ones for free. What trials gain, each with the stretch of speculation it opens (plain time for
+the tokens emitted, less the time taken), is kept per batch size; where it is negative on balance
+(at larger batches, or where no request pays), new batches get no trial of their own in fallback,
+and the spaced probes keep the figure measured. A new request that would be half its batch or more
+reserves drafts when such a trial may come, so that the head drafts over its prompt (else its KV
+would miss it). While
 speculating, an exploration forces `explore_steps` plain steps every `explore_every` steps and soon
 after a trial, and times plain decoding afresh by them, as a trial does speculation (all but the
 first, which follows a draft, are timed: a plain figure timed in a slow spell of the machine must
@@ -57,6 +67,7 @@ PRIOR_DECAY = 0.97  # weight of the past in the all-request prior, per observati
 PLAIN_DECAY = 0.8  # plain steps vary in time only: a few recent ones say what plain decoding costs now
 TIE = 0.05  # speeds within this fraction of each other are a tie: the current regime stays
 PROBE_BUDGET = 0.02  # share of time probes may cost while plain decoding measures faster
+VALUE_DECAY = 0.8  # weight of the past in what trials gained, per trial
 
 
 @dataclass
@@ -218,6 +229,7 @@ class DepthController:
         self.speculating = True  # whether the latest choice found drafting worth its cost
         self.probe_interval = options.probe_every  # steps from entering fallback to the next probe
         self.next_probe = options.probe_every
+        self.earliest_probe = options.probe_every // 2  # the next probe comes no earlier (see _schedule_probe)
         self.trial_left = options.probe_steps  # steady speculative steps the current trial still has to time
         self.probe_until = 4 * options.probe_steps  # the current trial's last step at the latest
         self.plain_left = 0  # exploration's forced plain steps still to come
@@ -229,6 +241,10 @@ class DepthController:
         self._last = (False, False)  # the latest step opened a stretch of speculation; it ran a draft
         self._expected = 1.0  # tokens per request the latest choice's drafts are expected to emit
         self.tried: set[int] = set()  # batch-size buckets where a trial of speculation has run
+        self.trial_step = 0  # step at which the latest trial began
+        self.trial_pending = True  # the latest trial's verdict is still to come (the engine's start is a trial)
+        self.trial_value: dict[int, float] = {}  # per bucket: seconds a trial gained, its stretch included
+        self._stretch: tuple[int, float] | None = None  # (bucket, seconds gained so far) of the latest trial
 
     def observe(self, req_id: str, num_draft: int, num_accepted: int) -> None:
         """One verification result: drafts 1..num_accepted accepted, draft num_accepted+1 rejected."""
@@ -263,6 +279,10 @@ class DepthController:
             return
         self.cost.observe(step.tokens, step.draft_rows, step.seconds)
         plain, spec = self.speeds.setdefault(_bucket(step.requests), (_Speed(PLAIN_DECAY), _Speed()))
+        if step.draft_rows and self._stretch is not None and plain.value is not None:
+            # seconds plain decoding would take for the step's tokens, less the step's own
+            gained = step.emitted / (step.requests * plain.value) - step.seconds
+            self._stretch = (self._stretch[0], self._stretch[1] + gained)
         if step.draft_rows and step.verified and not opened:
             spec.add(replace(step, emitted=self._expected * step.requests))
             self.trial_left = max(self.trial_left - 1, 0)
@@ -284,33 +304,64 @@ class DepthController:
             return None
         return self.speeds[min(measured, key=lambda b: (abs(b - _bucket(batch)), -b))]
 
-    def speculation_measured_faster(self, batch: int) -> bool | None:
+    def speculation_measured_faster(self, batch: int, on_tie: bool | None = None) -> bool | None:
         """Whether speculation measures faster than plain decoding at about this batch size; within
-        `TIE` of each other the current regime stands (switching costs a step each way); None before
-        both are measured."""
+        `TIE` of each other `on_tie` (default: the current regime stands, since switching costs a step
+        each way); None before both are measured."""
         speeds = self._measured_speeds(batch)
         if speeds is None:
             return None
         plain, spec = speeds
         if abs(spec - plain) <= TIE * plain:
-            return self.speculating
+            return self.speculating if on_tie is None else on_tie
         return spec > plain
 
-    def _fallback_interval(self, batch: int) -> int:
-        """Steps in fallback before the next probe: a probe's cost in plain steps lost over `PROBE_BUDGET`,
-        so that probing costs about that share of the time (clear losses are probed less often than near
-        ties); within 1x-64x `probe_every`. A speculative step lasts `stretch` plain steps and yields the
-        tokens of spec/plain of them: each of the probe's timed steps loses stretch x (1 - spec/plain)
-        plain steps, the opening step (it drafts, verifies nothing) stretch - 1, and the first plain
-        step after it about one (measured at c=16 here: a speculative step lasts 5 plain steps, so a
-        probe lost some 16 plain steps, where counting its steps as plain ones had said 8)."""
+    def _trial_cost(self, batch: int) -> float | None:
+        """Plain steps a trial loses at about this batch size, at the measured speeds (None before both
+        are measured). A speculative step lasts `stretch` plain steps and yields the tokens of spec/plain
+        of them: each of the trial's timed steps loses stretch x (1 - spec/plain) plain steps, the opening
+        step (it drafts, verifies nothing) stretch - 1, and the first plain step after it about one
+        (measured at c=16 here: a speculative step lasts 5 plain steps, so a trial lost some 16 plain
+        steps, where counting its steps as plain ones had said 8)."""
         speeds = self._measured(batch)
         if speeds is None:
-            return self.opt.probe_every
+            return None
         plain, spec = speeds
         stretch = max(spec.step_seconds / plain.step_seconds, 1.0)
-        lost = self.opt.probe_steps * stretch * max(1.0 - spec.value / plain.value, 0.0) + stretch
+        return self.opt.probe_steps * stretch * max(1.0 - spec.value / plain.value, 0.0) + stretch
+
+    def _fallback_interval(self, batch: int) -> int:
+        """Steps in fallback before the next probe: a trial's cost over `PROBE_BUDGET`, so that probing
+        costs about that share of the time (clear losses are probed less often than near ties); within
+        1x-64x `probe_every`."""
+        lost = self._trial_cost(batch)
+        if lost is None:
+            return self.opt.probe_every
         return int(np.clip(lost / PROBE_BUDGET, self.opt.probe_every, 64 * self.opt.probe_every))
+
+    def _arrival_trial_due(self, step: int, batch: int) -> bool:
+        """Whether a batch made mostly of new requests gets a trial at `step`: their acceptance is unknown,
+        and requests differ widely (some accept ten drafts a step, most one or two). While speculating,
+        and where trials have paid on balance (what the ones that found easy requests gained outweighs
+        what the others lost; at small batches), every new batch gets one; never within `probe_every`
+        steps of the latest trial."""
+        if step < self.trial_step + self.opt.probe_every:
+            return False
+        return self.speculating or self.trial_value.get(_bucket(batch), 0.0) >= 0.0
+
+    def _close_stretch(self) -> None:
+        """The latest trial's stretch of speculation is over: what it gained joins its bucket's trial value."""
+        if self._stretch is not None:
+            bucket, gained = self._stretch
+            self.trial_value[bucket] = VALUE_DECAY * self.trial_value.get(bucket, gained) + (1 - VALUE_DECAY) * gained
+            self._stretch = None
+
+    def _schedule_probe(self) -> None:
+        """The next probe one interval from now; plain decoding measured slower than speculation last was
+        brings it forward, but by half the interval at most: the machine's speed drifts by a third
+        within seconds, and a plain figure timed in a slow spell would otherwise call trial after trial."""
+        self.next_probe = self.steps + self.probe_interval
+        self.earliest_probe = self.steps + self.probe_interval // 2
 
     def _plain_unmeasured(self, batch: int) -> bool:
         """No plain decode step has been timed at about this batch size yet (a new load level)."""
@@ -346,10 +397,21 @@ class DepthController:
         """Most drafts this request may be given at its next choice (and lookahead to reserve for)."""
         s = self.requests.get(req_id)
         last = self.typical_k if s is None or s.last_k is None else s.last_k
-        if self.plain_forced or (last == 0 and not self.speculating and self.steps + 1 < self.next_probe):
+        plain_next = last == 0 and not self.speculating and self.steps + 1 < self.next_probe
+        if plain_next and s is None and len(self.requests) <= 1 and \
+                self._arrival_trial_due(self.steps + 1, len(self.requests) + 1):
+            plain_next = False  # a new request, half its batch or more: its trial may start with its prompt
+        if self.plain_forced or plain_next:
             return self.opt.min_k  # exploring, or in fallback with no probe due: plain decoding next step
-        start = self.spec_k if last == 0 else 2 * last  # a request back from K=0 starts where speculation stood
-        return int(min(self.opt.max_k, max(start, self.opt.probe_k, self.opt.min_k)))
+        if last == 0:  # a request back from K=0 starts where speculation stood
+            return int(min(self.opt.max_k, max(self.spec_k, self.opt.probe_k, self.opt.min_k)))
+        return int(self._lookahead(np.array(last)))
+
+    def _lookahead(self, k: np.ndarray) -> np.ndarray:
+        """Drafts reserved for a request whose K is now k (> 0): up to twice as many, so that K can grow
+        step by step; the head drafts that deep in the next step, whatever K is then chosen."""
+        return np.minimum(self.opt.max_k, np.maximum.reduce([2 * k, np.full_like(k, self.opt.probe_k),
+                                                              np.full_like(k, self.opt.min_k)]))
 
     def _best_draft_count(self, curves: np.ndarray, speculate: bool) -> tuple[int, np.ndarray]:
         """n maximising expected tokens per predicted second over the top-n acceptance probabilities
@@ -360,7 +422,7 @@ class DepthController:
         depth = np.maximum.accumulate(order % kmax + 1)  # draft depth the top-n drafts need
         gain = b + np.concatenate([[0.0], np.cumsum(flat)])
         tokens = b + np.arange(len(flat) + 1)
-        rows = np.concatenate([[0], b * depth])
+        rows = np.concatenate([[0], b * self._lookahead(depth)])  # the next step drafts as deep as it reserves
         speed = gain / np.maximum(self.cost.seconds(tokens, rows), 1e-9)  # the fit may reach 0
         return (1 + int(np.argmax(speed[1:])) if speculate else int(np.argmax(speed))), flat
 
@@ -373,23 +435,33 @@ class DepthController:
         kmax = self.opt.max_k
         bucket = _bucket(len(req_ids))
         smaller = bucket < min(self.tried, default=bucket + 1)  # speculation gains most at small batches
+        arrival = 2 * sum(rid not in self.requests for rid in req_ids) >= len(req_ids) and \
+            self._arrival_trial_due(self.steps, len(req_ids))
         probe = not self.speculating and (self.steps >= self.next_probe or smaller)
-        if probe:  # a trial: speculation runs at the model's K until its speed is timed afresh
-            self.next_probe = self.steps + self.probe_interval  # (set again when the trial ends in fallback)
+        trial = probe or arrival
+        if trial:  # speculation runs at the model's K until its speed is timed afresh
             self.trial_left, self.probe_until = self.opt.probe_steps, self.steps + 4 * self.opt.probe_steps
-            self.next_explore = self.probe_until + self.opt.probe_every  # a trial won is checked soon
+            self.trial_step, self.trial_pending = self.steps, True
+            self._close_stretch()
+            self._stretch = (bucket, 0.0)  # what the trial gains, its stretch of speculation included, is measured
+            if not self.speculating:
+                self._schedule_probe()  # (again when the trial ends in fallback)
+                self.next_explore = self.probe_until + self.opt.probe_every  # a trial won is checked soon
             speeds = self.speeds.get(bucket)
             if speeds is not None:
                 self.speeds[bucket] = (speeds[0], _Speed())
         in_trial = self.trial_left > 0 and self.steps <= self.probe_until
         if in_trial:
             self.tried.add(bucket)
-        # measured speeds overrule the model (whose costs may be biased) both ways, outside trials
-        faster = True if in_trial else self.speculation_measured_faster(len(req_ids))
+        trial_ended, self.trial_pending = self.trial_pending and not in_trial, self.trial_pending and in_trial
+        # measured speeds overrule the model (whose costs may be biased) both ways, outside trials; a trial
+        # that measures a tie ends in fallback: speculation resumes on a clear gain only
+        faster = True if in_trial else self.speculation_measured_faster(
+            len(req_ids), on_tie=self.speculating and not trial_ended)
         if faster and not self.speculating and not in_trial:
             # in fallback only a trial resumes speculation: its figure may be stale and plain decoding
             # timed in a slow spell of the machine (both sides must be timed alike); the trial comes early
-            self.next_probe = min(self.next_probe, self.steps + self.opt.probe_every)
+            self.next_probe = min(self.next_probe, max(self.steps + self.opt.probe_every, self.earliest_probe))
             faster = False
         if faster is False and not self.speculating:
             return self._stay_in_fallback(req_ids)
@@ -399,7 +471,8 @@ class DepthController:
             n = 0
         if self.speculating and n == 0:  # entering fallback: the first probe comes one interval later
             self.probe_interval = self._fallback_interval(len(req_ids))
-            self.next_probe = self.steps + self.probe_interval
+            self._schedule_probe()
+            self._close_stretch()
         self.speculating = n > 0
         self.plain_left, self.plain_forced = max(self.plain_left - 1, 0), False
         if self.speculating:  # plain steps keep plain decoding's speed measured (see the module's doc)
@@ -414,7 +487,7 @@ class DepthController:
         out = []
         expected = 0.0
         for i, (rid, k) in enumerate(zip(req_ids, ks.tolist())):
-            if k == 0 and probe and not self.plain_forced:  # the model says no: probed with a short draft
+            if k == 0 and trial and not self.plain_forced:  # the model says no: tried with a short draft
                 k = min(self.opt.probe_k, kmax)
             k = int(k) if caps is None else min(int(k), caps[i])
             self._stats(rid).last_k = k

@@ -35,16 +35,20 @@ def test_adaptive_summary_compares_with_the_best_fixed_k_found_after_the_fact() 
     assert cells[5] == "4" and float(cells[7]) == pytest.approx(99 / 95, abs=0.01) and cells[8] == "0.99"
 
 
-def test_rounds_collapse_to_the_median_round_with_its_spread() -> None:
-    rows = [_row("no-spec", 0, t) for t in (100.0, 80.0, 90.0)] + [_row("p_eagle-depth", 8, 120.0, conc=16)]
-    one, single = median_of_rounds(rows)
-    assert one["tokens_per_s"] == 90.0 and one["rounds_tokens_per_s"] == [80.0, 90.0, 100.0]
-    assert one["spread"] == pytest.approx(20 / 90, abs=1e-3) and single["spread"] == 0.0
-    adaptive = {**_row("p_eagle-depth-adaptive", 32, 99.0), "rounds_tokens_per_s": [95.0, 99.0], "spread": 0.04}
-    cell = [one, _row("p_eagle-depth", 4, 95.0), adaptive]
+def test_rounds_collapse_to_the_median_round_with_its_spread_and_pair_up_round_by_round() -> None:
+    rows = [{**_row("no-spec", 0, t), "round": i} for i, t in enumerate((100.0, 80.0, 90.0))]
+    rows += [{**_row("p_eagle-depth-adaptive", 32, t), "round": i} for i, t in enumerate((105.0, 72.0, 99.0))]
+    rows += [_row("p_eagle-depth", 8, 120.0, conc=16)]
+    base, adaptive, single = median_of_rounds(rows)
+    assert base["tokens_per_s"] == 90.0 and base["rounds_tokens_per_s"] == [100.0, 80.0, 90.0] and "round" not in base
+    assert base["spread"] == pytest.approx(20 / 90, abs=1e-3) and single["spread"] == 0.0
+    cell = [base, _row("p_eagle-depth", 4, 95.0), adaptive]
     _add_ratios(cell)
-    line = adaptive_summary(cell).splitlines()[-1]
-    assert line.rstrip(" |").endswith("4% / - / 22%")
+    cells = [c.strip() for c in adaptive_summary(cell).splitlines()[-1].strip(" |").split("|")]
+    assert cells[9] == "33% / - / 22%"
+    # round by round the adaptive engine ran at 1.05, 0.90 and 1.10 of plain decoding: the median is 1.05,
+    # where the medians of the two columns (99 / 90) say 1.10; against a single fixed-K round no pairing
+    assert cells[11] == "1.05" and cells[10] == "-"
 
 
 def test_acceptance_is_summed_from_each_outputs_own_histogram() -> None:

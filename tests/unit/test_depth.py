@@ -348,3 +348,81 @@ def test_switching_steps_are_not_timed_and_a_batch_between_two_measured_ones_goe
         ctrl.observe_step(Step(tokens=36, draft_rows=32, seconds=0.04, requests=4, emitted=8, verified=32))
     assert ctrl.speculation_measured_faster(1) is True and ctrl.speculation_measured_faster(4) is False
     assert ctrl.speculation_measured_faster(2) is False, "batch 2 lies as near batch 1 as batch 4: the larger decides"
+
+
+def simulate_requests(alphas: list[float], tokens: int = 64, prompt: int = 100, draft_overhead: float = 0.75,
+                      fixed_k: int | None = None, seed: int = 0) -> tuple[float, list[int]]:
+    """Batch 1, as a benchmark at concurrency 1 runs it: requests one after another, each with its own
+    acceptance rate, a prefill step and then decode steps until `tokens` (costs scaled from the demo
+    engine at concurrency 1: running the draft costs `draft_overhead` plain steps; step times vary by
+    20%). Tokens per second over plain decoding's, and each request's steps before its first draft."""
+    ctrl = DepthController(DepthOptions(max_k=32))
+    rng = np.random.default_rng(seed)
+    seconds = plain = 0.0
+    waits = []
+    for n, alpha in enumerate(alphas):
+        rid, left, k, prefill, steps = f"r{n}", tokens, 0, True, 0
+        plain += 1 + 0.05 * prompt + (tokens - 1) * 1.05
+        while left > 0:
+            if fixed_k is None:
+                caps, depth, (accepted,) = _reserve_and_verify(ctrl, [rid], [k], alpha, rng)
+            else:
+                depth, accepted = fixed_k, int(np.argmin(np.append(rng.random(k) < alpha, False)))
+            t = prompt if prefill else 1 + k
+            step = (1 + 0.05 * t + ((draft_overhead + 0.012 * depth) if depth else 0.0)) * \
+                float(np.exp(0.2 * rng.standard_normal() - 0.02))
+            ctrl.observe_step(Step(t, depth, step, 1, 1 + accepted, 0 if prefill else k))
+            seconds, left, prefill = seconds + step, left - 1 - accepted, False
+            if left <= 0:
+                break
+            k = ctrl.choose([rid], caps)[0] if fixed_k is None else fixed_k
+            steps += 1
+            if k and len(waits) == n:
+                waits.append(steps)
+        ctrl.forget(rid)
+        if len(waits) == n:
+            waits.append(tokens)
+    return plain / seconds, waits
+
+
+def test_at_batch_one_each_new_request_is_tried_while_trials_pay() -> None:
+    """Requests differ: most accept few drafts, some nearly all. At batch 1 a new request's acceptance is
+    unknown, so while trials pay on balance each one gets a trial on arrival, even in fallback: an easy
+    request drafts from its first step (before: it waited for the next probe, every two or three
+    requests), and adaptive depth beats every fixed K on the mix."""
+    ratios, best, easy_waits = [], [], []
+    for seed in range(4):
+        alphas = list(np.random.default_rng(seed).choice([0.4, 0.7, 0.97], size=60, p=[0.6, 0.1, 0.3]))
+        ratio, waits = simulate_requests(alphas, seed=seed)
+        ratios.append(ratio)
+        best.append(max(simulate_requests(alphas, fixed_k=k, seed=seed)[0] for k in (1, 2, 4, 8)))
+        easy_waits += [w for w, a in zip(waits, alphas) if a == 0.97]
+    assert np.median(easy_waits) <= 1, f"easy requests waited {easy_waits} steps for a draft"
+    assert np.mean(ratios) > 1.0 and np.mean(ratios) > np.mean(best)
+
+
+def test_where_trials_lose_new_requests_are_not_tried() -> None:
+    """Every request accepts little and the draft costs more than a plain step: trials lose, so new
+    requests stop getting one each (only the spaced probes remain) and plain speed is kept."""
+    ratio, waits = simulate_requests([0.3] * 60, draft_overhead=1.2)
+    assert sum(w < 64 for w in waits) <= 25, "most requests never drafted"
+    assert ratio > 0.96
+
+
+def test_a_trial_that_measures_a_tie_ends_in_fallback() -> None:
+    """Speculation resumes on a clear gain only: a trial whose speed comes out within `TIE` of plain
+    decoding's falls back (before, the trial's own speculation counted as the regime to keep)."""
+    ctrl = DepthController(DepthOptions(max_k=1, probe_every=8))
+    for _ in range(20):
+        ctrl.observe("r", 1, 1)
+    plain = Step(tokens=1, draft_rows=0, seconds=0.010, requests=1, emitted=1)
+    ctrl.observe_step(plain)
+    ks = []
+    for _ in range(60):  # every draft accepted: 2 tokens in 20.4 ms against 1 in 10 ms, a tie
+        (k,) = ctrl.choose(["r"], [ctrl.reservation("r")])
+        ks.append(k)
+        if k:
+            ctrl.observe("r", 1, 1)
+        ctrl.observe_step(Step(tokens=2, draft_rows=1, seconds=0.0204, requests=1, emitted=2, verified=1)
+                          if k else plain)
+    assert ks[:4] == [1] * 4 and sum(ks[6:]) == 0, "the opening trial ends in fallback, which stays"
