@@ -67,7 +67,8 @@ PRIOR_DECAY = 0.97  # weight of the past in the all-request prior, per observati
 PLAIN_DECAY = 0.8  # plain steps vary in time only: a few recent ones say what plain decoding costs now
 TIE = 0.05  # speeds within this fraction of each other are a tie: the current regime stays
 PROBE_BUDGET = 0.02  # share of time probes may cost while plain decoding measures faster
-VALUE_DECAY = 0.8  # weight of the past in what trials gained, per trial
+VALUE_DECAY = 0.9  # weight of the past in what trials gained, per trial: rare large gains must weigh in
+VALUE_TRIALS = 4  # trials measured before their value may stop new batches' trials
 
 
 @dataclass
@@ -243,7 +244,8 @@ class DepthController:
         self.tried: set[int] = set()  # batch-size buckets where a trial of speculation has run
         self.trial_step = 0  # step at which the latest trial began
         self.trial_pending = True  # the latest trial's verdict is still to come (the engine's start is a trial)
-        self.trial_value: dict[int, float] = {}  # per bucket: seconds a trial gained, its stretch included
+        # per bucket: seconds a trial gained, its stretch included (decayed mean), and trials measured
+        self.trial_value: dict[int, tuple[float, int]] = {}
         self._stretch: tuple[int, float] | None = None  # (bucket, seconds gained so far) of the latest trial
 
     def observe(self, req_id: str, num_draft: int, num_accepted: int) -> None:
@@ -343,17 +345,19 @@ class DepthController:
         """Whether a batch made mostly of new requests gets a trial at `step`: their acceptance is unknown,
         and requests differ widely (some accept ten drafts a step, most one or two). While speculating,
         and where trials have paid on balance (what the ones that found easy requests gained outweighs
-        what the others lost; at small batches), every new batch gets one; never within `probe_every`
-        steps of the latest trial."""
+        what the others lost; at small batches) or too few were measured to say, every new batch gets
+        one; never within `probe_every` steps of the latest trial."""
         if step < self.trial_step + self.opt.probe_every:
             return False
-        return self.speculating or self.trial_value.get(_bucket(batch), 0.0) >= 0.0
+        value, trials = self.trial_value.get(_bucket(batch), (0.0, 0))
+        return self.speculating or trials < VALUE_TRIALS or value >= 0.0
 
     def _close_stretch(self) -> None:
         """The latest trial's stretch of speculation is over: what it gained joins its bucket's trial value."""
         if self._stretch is not None:
             bucket, gained = self._stretch
-            self.trial_value[bucket] = VALUE_DECAY * self.trial_value.get(bucket, gained) + (1 - VALUE_DECAY) * gained
+            value, trials = self.trial_value.get(bucket, (gained, 0))
+            self.trial_value[bucket] = (VALUE_DECAY * value + (1 - VALUE_DECAY) * gained, trials + 1)
             self._stretch = None
 
     def _schedule_probe(self) -> None:
