@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import platform
 import statistics
 import time
@@ -50,6 +51,7 @@ MODES = [
 ]
 
 
+MEDIAN_LEVEL = 0.9  # confidence of the intervals given with paired ratios
 WARMUP = (4, 32)  # concurrency and tokens of the warm-up cell each engine or server runs before it is measured
 
 
@@ -259,18 +261,32 @@ def adaptive_summary(rows: list[dict], fixed: str = "p_eagle-depth", adaptive: s
         return ""
     return ("| interface | conc. | T | adaptive K_max | adaptive tokens/s | best fixed K | its tokens/s "
             "| adaptive / best fixed | adaptive / no-spec | spread over rounds: adaptive / best fixed / no-spec "
-            "| paired: adaptive / best fixed | paired: adaptive / no-spec |"
+            "| paired: adaptive / best fixed (90% interval) | paired: adaptive / no-spec (90% interval) |"
             "\n|---|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
 
 
 def _paired(row: dict, other: dict | None) -> str:
     """The median over rounds of the row's throughput over the other's in the same round (a cell's modes
-    run back to back in each round, so a slow spell of the machine weighs on both); "-" without several
-    rounds of both."""
+    run back to back in each round, so a slow spell of the machine weighs on both), with its interval
+    (`median_interval`) once there are rounds enough; "-" without several rounds of both."""
     mine, theirs = row.get("rounds_tokens_per_s", ()), (other or {}).get("rounds_tokens_per_s", ())
     if len(mine) < 2 or len(mine) != len(theirs):
         return "-"
-    return f"{statistics.median(a / b for a, b in zip(mine, theirs)):.2f}"
+    ratios = [a / b for a, b in zip(mine, theirs)]
+    interval = median_interval(ratios)
+    return f"{statistics.median(ratios):.2f}" + ("" if interval is None else " ({:.2f}-{:.2f})".format(*interval))
+
+
+def median_interval(values: list[float], level: float = MEDIAN_LEVEL) -> tuple[float, float] | None:
+    """An interval holding the true median with probability `level` or more, whatever the distribution
+    (rounds of this machine are far from normal): the j-th smallest and j-th largest value, for the
+    largest j with 1 - 2 P(Binomial(n, 1/2) < j) >= level; None when even min-max falls short."""
+    n = len(values)
+    covered = [j for j in range(1, n // 2 + 1) if 1 - 2 * sum(math.comb(n, i) for i in range(j)) / 2 ** n >= level]
+    if not covered:
+        return None
+    ordered = sorted(values)
+    return ordered[covered[-1] - 1], ordered[n - covered[-1]]
 
 
 def _spread(row: dict | None) -> str:

@@ -346,11 +346,15 @@ class DepthController:
         and requests differ widely (some accept ten drafts a step, most one or two). While speculating,
         and where trials have paid on balance (what the ones that found easy requests gained outweighs
         what the others lost; at small batches) or too few were measured to say, every new batch gets
-        one; never within `probe_every` steps of the latest trial."""
+        one; never within `probe_every` steps of the latest trial. Too few measured at this batch size
+        stands for "paid" only while no smaller batch size measured a loss: speculation gains less at
+        larger batches (at 16 here a trial lost 21 ms, some 3% of a 64-token wave)."""
         if step < self.trial_step + self.opt.probe_every:
             return False
-        value, trials = self.trial_value.get(_bucket(batch), (0.0, 0))
-        return self.speculating or trials < VALUE_TRIALS or value >= 0.0
+        bucket = _bucket(batch)
+        value, trials = self.trial_value.get(bucket, (0.0, 0))
+        smaller_lost = any(v < 0.0 for b, (v, _) in self.trial_value.items() if b < bucket)
+        return self.speculating or (trials > 0 and value >= 0.0) or (trials < VALUE_TRIALS and not smaller_lost)
 
     def _close_stretch(self) -> None:
         """The latest trial's stretch of speculation is over: what it gained joins its bucket's trial value."""
@@ -397,14 +401,17 @@ class DepthController:
                                                                                           self.opt.prior_weight)
         return rates
 
-    def reservation(self, req_id: str) -> int:
-        """Most drafts this request may be given at its next choice (and lookahead to reserve for)."""
+    def reservation(self, req_id: str, batch: int | None = None) -> int:
+        """Most drafts this request may be given at its next choice (and lookahead to reserve for).
+        `batch`: the size of the batch it is about to join, for a new request (the engine's running and
+        waiting requests, up to its limit; by default the requests seen so far and this one)."""
         s = self.requests.get(req_id)
         last = self.typical_k if s is None or s.last_k is None else s.last_k
         plain_next = last == 0 and not self.speculating and self.steps + 1 < self.next_probe
-        if plain_next and s is None and len(self.requests) <= 1 and \
-                self._arrival_trial_due(self.steps + 1, len(self.requests) + 1):
-            plain_next = False  # a new request, half its batch or more: its trial may start with its prompt
+        size = len(self.requests) + 1 if batch is None else max(batch, 1)
+        if plain_next and s is None and 2 * (size - len(self.requests)) >= size and \
+                self._arrival_trial_due(self.steps + 1, size):
+            plain_next = False  # new requests, half the batch or more: their trial may start with their prompts
         if self.plain_forced or plain_next:
             return self.opt.min_k  # exploring, or in fallback with no probe due: plain decoding next step
         if last == 0:  # a request back from K=0 starts where speculation stood

@@ -78,9 +78,11 @@ def _wrap_init(original):
 
 def _lookahead(self, request) -> int:
     """Draft-head slots to reserve for this request: K_max when seeded, else what the controller
-    may give it next (recorded, since its drafts are then capped at that)."""
+    may give it next (recorded, since its drafts are then capped at that). The batch it joins is
+    what the engine holds, up to its limit (requests arriving together come as one batch)."""
     ctrl: DepthController = getattr(self, ATTR)
-    k = ctrl.opt.max_k if self._peagle_seeded(request.request_id) else ctrl.reservation(request.request_id)
+    batch = min(len(self.running) + len(self.waiting), self.max_num_running_reqs)
+    k = ctrl.opt.max_k if self._peagle_seeded(request.request_id) else ctrl.reservation(request.request_id, batch)
     self._peagle_reserved[request.request_id] = k
     return k
 

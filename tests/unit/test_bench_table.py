@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from peagle_vllm.bench import _add_ratios, adaptive_summary, median_of_rounds, requests_for
+from peagle_vllm.bench import _add_ratios, adaptive_summary, median_interval, median_of_rounds, requests_for
 
 
 def test_a_cell_sends_every_prompt_and_two_per_concurrent_slot() -> None:
@@ -49,6 +49,13 @@ def test_rounds_collapse_to_the_median_round_with_its_spread_and_pair_up_round_b
     # round by round the adaptive engine ran at 1.05, 0.90 and 1.10 of plain decoding: the median is 1.05,
     # where the medians of the two columns (99 / 90) say 1.10; against a single fixed-K round no pairing
     assert cells[11] == "1.05" and cells[10] == "-"
+
+
+def test_the_median_interval_widens_to_the_order_statistics_its_confidence_needs() -> None:
+    assert median_interval([1.0, 0.9, 1.1]) is None  # min-max holds the median with probability 3/4 only
+    assert median_interval([5, 1, 7, 3, 2, 6, 4]) == (1, 7)  # n=7: min-max 98%, the 2nd values 88% only
+    assert median_interval(list(range(11, 0, -1))) == (3, 9)  # n=11: the 3rd values 93%, the 4th 77%
+    assert median_interval(list(range(11)), level=0.7) == (3, 7)
 
 
 def test_acceptance_is_summed_from_each_outputs_own_histogram() -> None:
