@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from peagle_vllm.vllm_adapter.version import check_vllm_version
 
+# under vLLM's own logger, whose handler and level vLLM sets up in every process (engine core included):
+# a logger of our own has no handler there, and its INFO lines (the depth log line) were never shown
+LOGGER_NAME = "vllm.peagle_vllm"
 _installed = False
 
 

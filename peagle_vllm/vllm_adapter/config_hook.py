@@ -16,9 +16,10 @@ import os
 
 from peagle_vllm.checkpoint import CheckpointError, read_head_config, read_tensors, validate_weights
 from peagle_vllm.config import METHOD, PEagleConfigError, check_head_fits_target, split_p_eagle_config
+from peagle_vllm.vllm_adapter import LOGGER_NAME
 
 MARK = "peagle"
-logger = logging.getLogger("peagle_vllm")
+logger = logging.getLogger(LOGGER_NAME)
 
 
 def is_marked(speculative_config) -> bool:

@@ -17,11 +17,12 @@ import logging
 import prometheus_client
 
 from peagle_vllm.metrics import AcceptanceMonitor, EngineFigures
+from peagle_vllm.vllm_adapter import LOGGER_NAME
 from peagle_vllm.vllm_adapter.config_hook import is_marked, mark_of
 from peagle_vllm.vllm_adapter.scheduler_hook import CARRIER_FIELD
 
 PREFIX = "peagle:"
-logger = logging.getLogger("peagle_vllm")
+logger = logging.getLogger(LOGGER_NAME)
 STATE_ATTR = "_peagle"  # on vLLM's SpecDecodingProm / SpecDecodingLogging of a p_eagle engine: our state
 
 

@@ -19,9 +19,10 @@ from vllm.v1.spec_decode.utils import PADDING_SLOT_ID
 from peagle_vllm.proposer import sample_drafts
 from peagle_vllm.rollback import beyond_capacity
 from peagle_vllm.timing import SectionTimer
+from peagle_vllm.vllm_adapter import LOGGER_NAME
 from peagle_vllm.vllm_adapter.draft_model import PEagleDraftModel
 
-logger = logging.getLogger("peagle_vllm")
+logger = logging.getLogger(LOGGER_NAME)
 
 
 class PEagleProposer(EagleProposer):

@@ -33,11 +33,11 @@ import time
 
 from peagle_vllm.depth import DepthController, DepthOptions, Step
 from peagle_vllm.metrics import EngineFigures
-from peagle_vllm.vllm_adapter import rollback_hook
+from peagle_vllm.vllm_adapter import LOGGER_NAME, rollback_hook
 from peagle_vllm.vllm_adapter.config_hook import is_marked, mark_of
 from peagle_vllm.vllm_adapter.head_catch_up import HeadGaps
 
-logger = logging.getLogger("peagle_vllm")
+logger = logging.getLogger(LOGGER_NAME)
 ATTR = "_peagle_depth"
 SAMPLING_EPS = 1e-5  # vLLM's greedy threshold on temperature
 LOG_EVERY_S = 10.0  # like vLLM's own periodic stats line

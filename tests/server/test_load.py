@@ -110,3 +110,10 @@ def test_server_healthy_and_serving_after_load(run, servers) -> None:
     texts = [OpenAI(base_url=s.base_url + "/v1", api_key="unused", max_retries=0, timeout=120).completions.create(
         model="demo", prompt="def main():\n", max_tokens=24, temperature=0).choices[0].text for s in (ours, plain)]
     assert texts[0] and texts[0] == texts[1]
+
+
+def test_adaptive_depth_logged_its_state_during_the_load(run, servers) -> None:
+    """The engine core's periodic `p_eagle depth:` line reaches the server's log (through vLLM's logger:
+    a logger of our own had no handler in the engine core, and the line was never shown)."""
+    log = servers[0].log.read_text()
+    assert "p_eagle depth: " in log and "fitted step cost: plain" in log, "no depth line in the server's log"
