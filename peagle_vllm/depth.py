@@ -398,7 +398,8 @@ class DepthController:
         it: a position rarely tried (K has not reached it lately) is assumed to accept like the last
         one measured, not like a stale start value, so K can still grow into it."""
         w, before, rates = self.opt.prior_weight, 0.5, []
-        for hits, tries in zip(self.prior_hits.tolist(), self.prior_tries.tolist()):  # floats: 5x numpy scalars' speed
+        # on floats: twice the speed of numpy scalars, and this runs at every choice
+        for hits, tries in zip(self.prior_hits.tolist(), self.prior_tries.tolist()):
             before = (hits + w * before) / (tries + w)
             rates.append(before)
         return np.array(rates)
