@@ -23,8 +23,8 @@ def _force_gap(monkeypatch) -> None:
             return [0] * len(req_ids)
         return ks
 
-    def forced_reservation(self, req_id):
-        return 0 if self.steps + 1 in GAP else reservation(self, req_id)
+    def forced_reservation(self, req_id, batch=None):
+        return 0 if self.steps + 1 in GAP else reservation(self, req_id, batch)
 
     monkeypatch.setattr(DepthController, "choose", forced_choose)
     monkeypatch.setattr(DepthController, "reservation", forced_reservation)
