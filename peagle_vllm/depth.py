@@ -227,6 +227,8 @@ class DepthController:
         self.prior_tries = np.zeros(k)
         self.prior_hits = np.zeros(k)
         self.cost = CostModel()
+        # `_lookahead` of every depth 0..K, for pricing many candidate draft counts at once
+        self._lookahead_of_depth = np.array([self._lookahead(d) for d in range(k + 1)])
         self.typical_k = k  # largest K of the latest choice: what a new request may start from
         self.spec_k = k  # largest K of the latest speculative choice: where a probe starts
         self.steps = 0  # choices made: the clock of probes and exploration
@@ -411,21 +413,20 @@ class DepthController:
         s = self.requests.get(req_id)
         last = self.typical_k if s is None or s.last_k is None else s.last_k
         plain_next = last == 0 and not self.speculating and self.steps + 1 < self.next_probe
-        size = len(self.requests) + 1 if batch is None else max(batch, 1)
-        if plain_next and s is None and 2 * (size - len(self.requests)) >= size and \
-                self._arrival_trial_due(self.steps + 1, size):
-            plain_next = False  # new requests, half the batch or more: their trial may start with their prompts
+        if plain_next and s is None:
+            size = len(self.requests) + 1 if batch is None else max(batch, 1)
+            if 2 * (size - len(self.requests)) >= size and self._arrival_trial_due(self.steps + 1, size):
+                plain_next = False  # new requests, half the batch or more: their trial may start with their prompts
         if self.plain_forced or plain_next:
             return self.opt.min_k  # exploring, or in fallback with no probe due: plain decoding next step
         if last == 0:  # a request back from K=0 starts where speculation stood
             return int(min(self.opt.max_k, max(self.spec_k, self.opt.probe_k, self.opt.min_k)))
-        return int(self._lookahead(np.array(last)))
+        return self._lookahead(last)
 
-    def _lookahead(self, k: np.ndarray) -> np.ndarray:
+    def _lookahead(self, k: int) -> int:
         """Drafts reserved for a request whose K is now k (> 0): up to twice as many, so that K can grow
         step by step; the head drafts that deep in the next step, whatever K is then chosen."""
-        return np.minimum(self.opt.max_k, np.maximum.reduce([2 * k, np.full_like(k, self.opt.probe_k),
-                                                              np.full_like(k, self.opt.min_k)]))
+        return min(self.opt.max_k, max(2 * k, self.opt.probe_k, self.opt.min_k))
 
     def _best_draft_count(self, curves: np.ndarray, speculate: bool) -> tuple[int, np.ndarray]:
         """n maximising expected tokens per predicted second over the top-n acceptance probabilities
@@ -436,7 +437,7 @@ class DepthController:
         depth = np.maximum.accumulate(order % kmax + 1)  # draft depth the top-n drafts need
         gain = b + np.concatenate([[0.0], np.cumsum(flat)])
         tokens = b + np.arange(len(flat) + 1)
-        rows = np.concatenate([[0], b * self._lookahead(depth)])  # the next step drafts as deep as it reserves
+        rows = np.concatenate([[0], b * self._lookahead_of_depth[depth]])  # the next step drafts as deep as it reserves
         speed = gain / np.maximum(self.cost.seconds(tokens, rows), 1e-9)  # the fit may reach 0
         return (1 + int(np.argmax(speed[1:])) if speculate else int(np.argmax(speed))), flat
 
