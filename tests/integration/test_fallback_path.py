@@ -21,7 +21,12 @@ def test_a_step_in_fallback_skips_the_speculative_machinery(tiny, monkeypatch) -
     the runner's steps are plain, and none of them reaches vLLM's spec-decode code."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+    from peagle_vllm.plugin import register
     from peagle_vllm.vllm_adapter.proposer import PEagleProposer
+
+    # the plugin's wrappers first, spies over them: when this test is the process's first to build an engine,
+    # the spies' teardown would otherwise put back the unwrapped methods, and later engines run without them
+    register()
 
     seen = {"plain steps": 0, "speculative steps": 0, "spec metadata": 0, "rejection sampler": 0, "draft": 0}
 
