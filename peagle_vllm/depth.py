@@ -15,8 +15,11 @@ the measured speed (tokens per request-second, per batch size within a factor of
 steady plain steps (no draft, nothing verified) and steady speculative ones (drafts verified, a
 draft run) has the last word both ways: while speculation measures slower, every request is at
 K=0 (no draft runs at all); while it measures faster, the model picks the best n > 0; within `TIE`
-of each other the current regime stays, except at the end of a trial, which resumes speculation on a
-clear gain only. In fallback, only a trial (below) resumes speculation: the speculative figure there
+of each other the current regime stays, speculation at the end of a trial: at batch 1 a request that
+falls back stays so for the rest of its life, often while its text grows predictable, and that loses
+far more than speculating through a tie does (replays of the demo at concurrency 1: 0.96 of the best
+fixed K, against 0.94 when a tie ended a trial in fallback). In fallback, only a trial (below) resumes
+speculation: the speculative figure there
 is as old as the last stretch of speculation, and a slow spell of the machine (its speed drifts by a
 third within seconds here), which slows the plain steps timed now, would otherwise read as a gain;
 when plain decoding measures slower than speculation last did, the trial comes early instead, but
@@ -33,17 +36,16 @@ mean, its time by a tenth, so a few timed steps then suffice. Plain speeds have 
 Trials. Speculation is timed afresh by a trial: it runs at the K the model picks until
 `probe_steps` steady steps are timed (the engine's start is one). In fallback a trial comes after
 a number of steps set by what one costs at the measured speeds, switches included: about
-`PROBE_BUDGET` of the time (a clear loss is tried less often than a near tie, within 1x-64x
+`PROBE_BUDGET` of the time (2% at batch 1, 0.5% beyond; a clear loss is tried less often than a near tie, within 1x-64x
 `probe_every`), and at once when the batch is smaller than any tried so far (a lower load level,
 where speculation gains more). Its drafts start as deep as speculation last went. A batch made
-mostly of new requests (at batch 1: each request) gets a trial too, whether speculating or not:
+mostly of new requests gets a trial too while speculating, and in fallback at batch 1 (each request):
 requests differ widely (some accept ten drafts a step, most one or two), and a fixed K takes the
-easy ones for free. What trials gain, each with the stretch of speculation it opens (plain time for
-the tokens emitted, less the time taken), is kept per batch size; where it is negative on balance
-(at larger batches, or where no request pays), new batches get no trial of their own in fallback,
-and the spaced probes keep the figure measured. A new request that would be half its batch or more
-reserves drafts when such a trial may come, so that the head drafts over its prompt (else its KV
-would miss it). While
+easy ones for free. What those trials at batch 1 gain, each with the stretch of speculation it opens
+(plain time for the tokens emitted, less the time taken), is kept; where it is negative on balance
+(no request pays), new requests get no trial of their own in fallback, and the spaced probes keep the
+figure measured. A new request that would be half its batch or more reserves drafts when such a
+trial may come, so that the head drafts over its prompt (else its KV would miss it). While
 speculating, an exploration forces `explore_steps` plain steps every `explore_every` steps and soon
 after a trial, and times plain decoding afresh by them, as a trial does speculation (all but the
 first, which follows a draft, are timed: a plain figure timed in a slow spell of the machine must
@@ -67,9 +69,14 @@ PRIOR_DECAY = 0.97  # weight of the past in the all-request prior, per observati
 PLAIN_DECAY = 0.8  # plain steps vary in time only: a few recent ones say what plain decoding costs now
 TIE = 0.05  # speeds within this fraction of each other are a tie: the current regime stays
 REFIT_EVERY = 8  # observations between two solves of the cost fit
-PROBE_BUDGET = 0.02  # share of time probes may cost while plain decoding measures faster
-VALUE_DECAY = 0.9  # weight of the past in what trials gained, per trial: rare large gains must weigh in
-VALUE_TRIALS = 4  # trials measured before their value may stop new batches' trials
+# share of time probes may cost while plain decoding measures faster, at batch 1 and beyond: at batch 1
+# speculation gains most, and a request a slow spell of the machine sent into fallback is lost for long
+# (at 0.5% a noisy batch-1 stream kept 0.88 of the best fixed K, at 2% 0.89); at larger batches 2% cost
+# the demo 2-3% of plain decoding's speed at concurrency 4-64 in replays of its measured acceptance and
+# step costs (scripts/replay_depth.py), 0.5% some 1%, with the same gains where speculation pays
+PROBE_BUDGET = (0.02, 0.005)
+VALUE_DECAY = 0.9  # weight of the past in what arrival trials gained, per trial: rare large gains must weigh in
+VALUE_TRIALS = 4  # arrival trials measured before their value may stop them
 
 
 @dataclass
@@ -248,10 +255,9 @@ class DepthController:
         self._expected = 1.0  # tokens per request the latest choice's drafts are expected to emit
         self.tried: set[int] = set()  # batch-size buckets where a trial of speculation has run
         self.trial_step = 0  # step at which the latest trial began
-        self.trial_pending = True  # the latest trial's verdict is still to come (the engine's start is a trial)
-        # per bucket: seconds a trial gained, its stretch included (decayed mean), and trials measured
-        self.trial_value: dict[int, tuple[float, int]] = {}
-        self._stretch: tuple[int, float] | None = None  # (bucket, seconds gained so far) of the latest trial
+        # at batch 1: seconds a trial gained, its stretch included (decayed mean), and trials measured
+        self.trial_value: tuple[float, int] = (0.0, 0)
+        self._stretch: float | None = None  # seconds gained so far by the latest trial at batch 1
 
     def observe(self, req_id: str, num_draft: int, num_accepted: int) -> None:
         """One verification result: drafts 1..num_accepted accepted, draft num_accepted+1 rejected."""
@@ -289,7 +295,7 @@ class DepthController:
         if step.draft_rows and self._stretch is not None and plain.value is not None:
             # seconds plain decoding would take for the step's tokens, less the step's own
             gained = step.emitted / (step.requests * plain.value) - step.seconds
-            self._stretch = (self._stretch[0], self._stretch[1] + gained)
+            self._stretch += gained
         if step.draft_rows and step.verified and not opened:
             spec.add(replace(step, emitted=self._expected * step.requests))
             self.trial_left = max(self.trial_left - 1, 0)
@@ -311,16 +317,16 @@ class DepthController:
             return None
         return self.speeds[min(measured, key=lambda b: (abs(b - _bucket(batch)), -b))]
 
-    def speculation_measured_faster(self, batch: int, on_tie: bool | None = None) -> bool | None:
+    def speculation_measured_faster(self, batch: int) -> bool | None:
         """Whether speculation measures faster than plain decoding at about this batch size; within
-        `TIE` of each other `on_tie` (default: the current regime stands, since switching costs a step
-        each way); None before both are measured."""
+        `TIE` of each other the current regime stands (switching costs a step each way); None before
+        both are measured."""
         speeds = self._measured_speeds(batch)
         if speeds is None:
             return None
         plain, spec = speeds
         if abs(spec - plain) <= TIE * plain:
-            return self.speculating if on_tie is None else on_tie
+            return self.speculating
         return spec > plain
 
     def _trial_cost(self, batch: int) -> float | None:
@@ -344,29 +350,30 @@ class DepthController:
         lost = self._trial_cost(batch)
         if lost is None:
             return self.opt.probe_every
-        return int(np.clip(lost / PROBE_BUDGET, self.opt.probe_every, 64 * self.opt.probe_every))
+        budget = PROBE_BUDGET[0] if batch == 1 else PROBE_BUDGET[1]
+        return int(np.clip(lost / budget, self.opt.probe_every, 64 * self.opt.probe_every))
 
     def _arrival_trial_due(self, step: int, batch: int) -> bool:
         """Whether a batch made mostly of new requests gets a trial at `step`: their acceptance is unknown,
         and requests differ widely (some accept ten drafts a step, most one or two). While speculating,
-        and where trials have paid on balance (what the ones that found easy requests gained outweighs
-        what the others lost; at small batches) or too few were measured to say, every new batch gets
-        one; never within `probe_every` steps of the latest trial. Too few measured at this batch size
-        stands for "paid" only while no smaller batch size measured a loss: speculation gains less at
-        larger batches (at 16 here a trial lost 21 ms, some 3% of a 64-token wave)."""
+        every new batch gets one; in fallback, only a request alone in its batch (batch 1), while trials
+        there have paid on balance (what the ones that found easy requests gained outweighs what the
+        others lost) or `VALUE_TRIALS` were not measured yet; never within `probe_every` steps of the
+        latest trial. At larger batches a trial in fallback cost more than its timed steps: requests that
+        speculated fell out of step with the rest, and the batch ended ragged (replays of the demo at
+        concurrency 4: 0.92 of plain decoding's speed with such trials, 0.97 without, where trial values
+        read positive); the spaced probes keep speculation's figure there."""
         if step < self.trial_step + self.opt.probe_every:
             return False
-        bucket = _bucket(batch)
-        value, trials = self.trial_value.get(bucket, (0.0, 0))
-        smaller_lost = any(v < 0.0 for b, (v, _) in self.trial_value.items() if b < bucket)
-        return self.speculating or (trials > 0 and value >= 0.0) or (trials < VALUE_TRIALS and not smaller_lost)
+        value, trials = self.trial_value
+        return self.speculating or batch == 1 and (value >= 0.0 if trials >= VALUE_TRIALS else True)
 
     def _close_stretch(self) -> None:
-        """The latest trial's stretch of speculation is over: what it gained joins its bucket's trial value."""
+        """The latest trial's stretch of speculation is over: what it gained joins the trial value."""
         if self._stretch is not None:
-            bucket, gained = self._stretch
-            value, trials = self.trial_value.get(bucket, (gained, 0))
-            self.trial_value[bucket] = (VALUE_DECAY * value + (1 - VALUE_DECAY) * gained, trials + 1)
+            value, trials = self.trial_value
+            value = self._stretch if trials == 0 else value
+            self.trial_value = (VALUE_DECAY * value + (1 - VALUE_DECAY) * self._stretch, trials + 1)
             self._stretch = None
 
     def _schedule_probe(self) -> None:
@@ -456,9 +463,10 @@ class DepthController:
         trial = probe or arrival
         if trial:  # speculation runs at the model's K until its speed is timed afresh
             self.trial_left, self.probe_until = self.opt.probe_steps, self.steps + 4 * self.opt.probe_steps
-            self.trial_step, self.trial_pending = self.steps, True
+            self.trial_step = self.steps
             self._close_stretch()
-            self._stretch = (bucket, 0.0)  # what the trial gains, its stretch of speculation included, is measured
+            if len(req_ids) == 1:  # what the trial gains, its stretch of speculation included, is measured
+                self._stretch = 0.0
             if not self.speculating:
                 self._schedule_probe()  # (again when the trial ends in fallback)
                 self.next_explore = self.probe_until + self.opt.probe_every  # a trial won is checked soon
@@ -468,11 +476,9 @@ class DepthController:
         in_trial = self.trial_left > 0 and self.steps <= self.probe_until
         if in_trial:
             self.tried.add(bucket)
-        trial_ended, self.trial_pending = self.trial_pending and not in_trial, self.trial_pending and in_trial
         # measured speeds overrule the model (whose costs may be biased) both ways, outside trials; a trial
-        # that measures a tie ends in fallback: speculation resumes on a clear gain only
-        faster = True if in_trial else self.speculation_measured_faster(
-            len(req_ids), on_tie=self.speculating and not trial_ended)
+        # that measures a tie keeps speculating (see the module's doc)
+        faster = True if in_trial else self.speculation_measured_faster(len(req_ids))
         if faster and not self.speculating and not in_trial:
             # in fallback only a trial resumes speculation: its figure may be stale and plain decoding
             # timed in a slow spell of the machine (both sides must be timed alike); the trial comes early

@@ -324,14 +324,15 @@ def test_in_waves_speculation_still_wins_when_it_pays() -> None:
     assert simulate_waves(alpha=0.9, draft_overhead=0.05, batches=[16, 1, 4, 16, 64, 1, 16, 4] * 2)[0] > 1.4
 
 
-def test_new_larger_batches_get_no_trial_of_their_own_where_smaller_ones_lost() -> None:
-    """Trials lost at batch 4: speculation gains less at larger batches, so waves of 16 new requests get
-    no trial on arrival, nor a draft over their prompts (before, nearly every wave got both); the spaced
-    probes, mid-wave, remain."""
+def test_in_fallback_new_batches_larger_than_one_get_no_trial_of_their_own() -> None:
+    """At batches above 1 a trial in fallback costs more than its timed steps show (its requests fall out
+    of step with the rest and the batch ends ragged), so waves of 4 and of 16 new requests get no trial on
+    arrival, nor a draft over their prompts, once the engine's opening speculation is over; the spaced
+    probes, mid-wave, remain, at 0.5% of the time (before: 2%, and 0.96 of plain decoding's speed here)."""
     ratio, drafted = simulate_waves(alpha=0.6, draft_overhead=1.2, batches=[4] * 8 + [16] * 8)
-    opened = [steps for steps in drafted[9:] if {0, 1} & set(steps)]
-    assert not opened, f"waves of 16 that drafted over their prompts or first tokens: {opened}"
-    assert ratio > 0.93
+    opened = [wave for wave, steps in enumerate(drafted) if wave > 1 and {0, 1} & set(steps)]
+    assert not opened, f"waves that drafted over their prompts or first tokens: {opened}"
+    assert ratio > 0.97
 
 
 def test_a_new_load_level_is_compared_with_a_timed_plain_step_before_speculating() -> None:
@@ -425,20 +426,22 @@ def test_where_trials_lose_new_requests_are_not_tried() -> None:
     assert ratio > 0.96
 
 
-def test_a_trial_that_measures_a_tie_ends_in_fallback() -> None:
-    """Speculation resumes on a clear gain only: a trial whose speed comes out within `TIE` of plain
-    decoding's falls back (before, the trial's own speculation counted as the regime to keep)."""
+def test_a_trial_that_measures_a_tie_keeps_speculating() -> None:
+    """Within `TIE` the current regime stands, speculation at a trial's end: a request that falls back at
+    batch 1 stays so for the rest of its life, which loses more than speculating through a tie (before,
+    the opening trial fell back here and stayed)."""
     ctrl = DepthController(DepthOptions(max_k=1, probe_every=8))
     for _ in range(20):
         ctrl.observe("r", 1, 1)
     plain = Step(tokens=1, draft_rows=0, seconds=0.010, requests=1, emitted=1)
     ctrl.observe_step(plain)
     ks = []
-    for _ in range(60):  # every draft accepted: 2 tokens in 20.4 ms against 1 in 10 ms, a tie
+    for _ in range(200):  # every draft accepted: 2 tokens in 20.4 ms against 1 in 10 ms, a tie
         (k,) = ctrl.choose(["r"], [ctrl.reservation("r")])
         ks.append(k)
         if k:
             ctrl.observe("r", 1, 1)
         ctrl.observe_step(Step(tokens=2, draft_rows=1, seconds=0.0204, requests=1, emitted=2, verified=1)
                           if k else plain)
-    assert ks[:4] == [1] * 4 and sum(ks[6:]) == 0, "the opening trial ends in fallback, which stays"
+    assert ks[:127] == [1] * 127, "speculation goes on after the opening trial, up to the first exploration"
+    assert 0 in ks[127:] and sum(ks[127:]) > 40, "explorations time plain decoding, and speculation resumes"
