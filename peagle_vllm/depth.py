@@ -142,8 +142,7 @@ class _Speed:
 
 @dataclass
 class _Stats:
-    tries: np.ndarray
-    hits: np.ndarray
+    row: int  # the request's row in the controller's tries/hits tables
     last_k: int | None = None
 
 
@@ -214,8 +213,9 @@ class CostModel:
 
     def seconds(self, tokens: np.ndarray, draft_rows: np.ndarray) -> np.ndarray:
         """Predicted step time for each (tokens, draft rows) pair; 0 draft rows is a plain step."""
-        s0, s1, s2 = self.s
-        plain = s0 if self.p0 is None else self.p0
+        self._solve()
+        s0, s1, s2 = self._s.tolist()
+        plain = s0 if self._p0 is None else self._p0
         return np.where(draft_rows > 0, s0 + s2 * draft_rows, plain) + s1 * tokens
 
 
@@ -231,6 +231,13 @@ class DepthController:
         self.opt = options
         k = options.max_k
         self.requests: dict[str, _Stats] = {}
+        # decayed tries and hits per request and position, one row per request (row 0 stays empty: a request
+        # not seen yet), so that a step's requests are updated and read together rather than one by one
+        self._tries = np.zeros((16, k))
+        self._hits = np.zeros((16, k))
+        self._free_rows = list(range(15, 0, -1))
+        self._positions = np.arange(k)
+        self._prior_weights = PRIOR_DECAY ** np.arange(255, -1, -1.0)  # a step's observations, the latest last
         self.prior_tries = np.zeros(k)
         self.prior_hits = np.zeros(k)
         self.cost = CostModel()
@@ -259,26 +266,38 @@ class DepthController:
         self.trial_value: tuple[float, int] = (0.0, 0)
         self._stretch: float | None = None  # seconds gained so far by the latest trial at batch 1
 
-    def observe(self, req_id: str, num_draft: int, num_accepted: int) -> None:
-        """One verification result: drafts 1..num_accepted accepted, draft num_accepted+1 rejected."""
-        if num_draft <= 0:
+    def observe(self, req_ids: list[str], num_drafts: list[int], num_accepted: list[int]) -> None:
+        """A step's verification results: request i's drafts 1..num_accepted[i] accepted, the next one
+        rejected (requests that verified no draft are skipped). The prior takes them one after another."""
+        kept = [(self._stats(r).row, a, min(a + 1, n)) for r, n, a in zip(req_ids, num_drafts, num_accepted) if n > 0]
+        if len(kept) == 1:  # one request (batch 1): in place, slices instead of masks, a third of the time
+            (row, accepted, seen), decay = kept[0], self.opt.decay
+            for table, upto, factor in ((self._tries[row], seen, decay), (self._hits[row], accepted, decay),
+                                        (self.prior_tries, seen, PRIOR_DECAY), (self.prior_hits, accepted, PRIOR_DECAY)):
+                table *= factor
+                table[:upto] += 1.0
             return
-        k = self.opt.max_k
-        s = self._stats(req_id)
-        seen = min(num_accepted + 1, num_draft)
-        tries = np.zeros(k)
-        tries[:seen] = 1.0
-        hits = np.zeros(k)
-        hits[:num_accepted] = 1.0
-        s.tries = s.tries * self.opt.decay + tries
-        s.hits = s.hits * self.opt.decay + hits
-        self.prior_tries = self.prior_tries * PRIOR_DECAY + tries
-        self.prior_hits = self.prior_hits * PRIOR_DECAY + hits
+        if not kept:
+            return
+        rows, accepted, seen = (np.array(column) for column in zip(*kept))
+        position = self._positions
+        tries, hits = position < seen[:, None], position < accepted[:, None]
+        self._tries[rows] = self._tries[rows] * self.opt.decay + tries
+        self._hits[rows] = self._hits[rows] * self.opt.decay + hits
+        n = len(rows)
+        weights = self._prior_weights[-n:] if n <= len(self._prior_weights) else PRIOR_DECAY ** np.arange(n - 1, -1, -1.0)
+        self.prior_tries = self.prior_tries * PRIOR_DECAY**n + weights @ tries  # the latest observation weighs 1
+        self.prior_hits = self.prior_hits * PRIOR_DECAY**n + weights @ hits
 
     def _stats(self, req_id: str) -> _Stats:
         s = self.requests.get(req_id)
         if s is None:
-            s = self.requests[req_id] = _Stats(np.zeros(self.opt.max_k), np.zeros(self.opt.max_k))
+            if not self._free_rows:  # twice the rows
+                n = len(self._tries)
+                self._tries = np.concatenate([self._tries, np.zeros_like(self._tries)])
+                self._hits = np.concatenate([self._hits, np.zeros_like(self._hits)])
+                self._free_rows = list(range(2 * n - 1, n - 1, -1))
+            s = self.requests[req_id] = _Stats(self._free_rows.pop())
         return s
 
     def observe_step(self, step: Step) -> None:
@@ -389,18 +408,19 @@ class DepthController:
         return speeds is None or speeds[0].value is None
 
     def forget(self, req_id: str) -> None:
-        self.requests.pop(req_id, None)
+        s = self.requests.pop(req_id, None)
+        if s is not None:
+            self._tries[s.row] = self._hits[s.row] = 0.0
+            self._free_rows.append(s.row)
 
     def _accept_curves(self, req_ids: list[str]) -> np.ndarray:
         """P_r(i) [B, K]: probability that request r's first i drafts are all accepted (a request not
         seen yet has no hits or tries of its own: the prior)."""
         prior = self._prior_rates()
         w = self.opt.prior_weight
-        none = np.zeros(self.opt.max_k)
-        stats = [self.requests.get(rid) for rid in req_ids]
-        hits = np.stack([none if s is None else s.hits for s in stats])
-        tries = np.stack([none if s is None else s.tries for s in stats])
-        return np.cumprod(np.minimum((hits + w * prior) / (tries + w), 1.0), axis=1)  # never below 0: counts
+        rows = [s.row if (s := self.requests.get(rid)) is not None else 0 for rid in req_ids]
+        rates = (self._hits[rows] + w * prior) / (self._tries[rows] + w)
+        return np.cumprod(np.minimum(rates, 1.0), axis=1)  # never below 0: counts
 
     def _prior_rates(self) -> np.ndarray:
         """All-request conditional acceptance per position, each shrunk towards the position before
@@ -439,9 +459,12 @@ class DepthController:
         """n maximising expected tokens per predicted second over the top-n acceptance probabilities
         (n = 0: a plain step, not a candidate when `speculate`), and those probabilities sorted."""
         b, kmax = curves.shape
-        order = np.argsort(curves.ravel(), kind="stable")[::-1]
-        flat = curves.ravel()[order]
-        depth = np.maximum.accumulate(order % kmax + 1)  # draft depth the top-n drafts need
+        if b == 1:  # one request: its curve falls with depth, so its top-n drafts are its first n
+            flat, depth = curves[0], np.arange(1, kmax + 1)
+        else:
+            order = np.argsort(curves.ravel(), kind="stable")[::-1]
+            flat = curves.ravel()[order]
+            depth = np.maximum.accumulate(order % kmax + 1)  # draft depth the top-n drafts need
         gain = b + np.concatenate([[0.0], np.cumsum(flat)])
         tokens = b + np.arange(len(flat) + 1)
         rows = np.concatenate([[0], b * self._lookahead_of_depth[depth]])  # the next step drafts as deep as it reserves
@@ -505,16 +528,16 @@ class DepthController:
                 n, self.plain_forced = 0, True
         threshold = flat[n - 1] if n > 0 else np.inf
         ks = np.maximum((curves >= threshold).sum(axis=1), self.opt.min_k)  # a count: never above kmax
-        out = []
-        expected = 0.0
-        for i, (rid, k) in enumerate(zip(req_ids, ks.tolist())):
-            if k == 0 and trial and not self.plain_forced:  # the model says no: tried with a short draft
-                k = min(self.opt.probe_k, kmax)
-            k = int(k) if caps is None else min(int(k), caps[i])
+        if trial and not self.plain_forced:  # where the model says no: tried with a short draft
+            ks[ks == 0] = min(self.opt.probe_k, kmax)
+        if caps is not None:
+            ks = np.minimum(ks, caps)
+        # expected tokens: one per request, and each request's P over its kept drafts
+        drafted = np.cumsum(curves, axis=1)[np.arange(len(ks)), np.maximum(ks - 1, 0)]
+        self._expected = 1.0 + float(np.where(ks > 0, drafted, 0.0).sum()) / len(req_ids)
+        out = ks.tolist()
+        for rid, k in zip(req_ids, out):
             self._stats(rid).last_k = k
-            out.append(k)
-            expected += 1.0 + float(curves[i, :k].sum())
-        self._expected = expected / len(req_ids)
         self.typical_k = max(out)
         if self.speculating and self.typical_k:
             self.spec_k = self.typical_k

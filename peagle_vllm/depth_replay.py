@@ -139,9 +139,8 @@ def replay(requests: list[Request], concurrency: int, costs: StepCosts, new_toke
         if controller is not None:
             controller.observe_step(Step(tokens=tokens, draft_rows=depth * batch, seconds=step, requests=batch,
                                          emitted=emitted, verified=verified))
-            for r, k, accepted in results:
-                if k:
-                    controller.observe(r.rid, k, accepted)
+            controller.observe([r.rid for r, _, _ in results], [k for _, k, _ in results], [a for _, _, a in results])
+            for r, _, _ in results:
                 if r.generated >= new_tokens:
                     controller.forget(r.rid)
             if running:

@@ -24,7 +24,7 @@ def run(ctrl: DepthController, alpha: float, steps: int, c0: float = 1.0, c1: fl
         accepted = 0
         while accepted < k and rng.random() < alpha:
             accepted += 1
-        ctrl.observe(req, k, accepted)
+        ctrl.observe([req], [k], [accepted])
         ctrl.observe_step(Step(1 + k, k, c0 + c1 * (1 + k), 1, 1 + accepted, k))
         ks.append(k)
     return ks
@@ -63,8 +63,7 @@ def test_bounds_are_respected(min_k: int, max_k: int) -> None:
 def test_batch_shares_one_threshold_good_requests_get_deeper_drafts() -> None:
     ctrl = DepthController(DepthOptions(max_k=16))
     for _ in range(40):
-        ctrl.observe("good", 16, 15)
-        ctrl.observe("bad", 16, 0)
+        ctrl.observe(["good", "bad"], [16, 16], [15, 0])
     ctrl.observe_step(Step(tokens=2, draft_rows=0, seconds=0.01, requests=2, emitted=2))  # plain speed known
     good, bad = ctrl.choose(["good", "bad"])
     assert good > bad
@@ -120,7 +119,7 @@ def test_decision_cost_is_small() -> None:
     ctrl = DepthController(DepthOptions(max_k=32))
     ids = [f"r{i}" for i in range(256)]
     for rid in ids:
-        ctrl.observe(rid, 32, 5)
+        ctrl.observe([rid], [32], [5])
     t0 = time.perf_counter()
     for _ in range(20):
         ctrl.choose(ids)
@@ -146,7 +145,7 @@ def run_reserved(ctrl: DepthController, alpha: float, steps: int, c1: float = 0.
         accepted = 0
         while accepted < k and rng.random() < alpha:
             accepted += 1
-        ctrl.observe("r", k, accepted)
+        ctrl.observe(["r"], [k], [accepted])
         ctrl.observe_step(Step(1 + k, cap, 1.0 + c1 * (1 + k), 1, 1 + accepted, k))
         reserved.append(cap)
         ks.append(k)
@@ -171,14 +170,14 @@ def test_a_probe_starts_where_speculation_last_stood() -> None:
     it comes after the steps whose time its cost is 2% of."""
     ctrl = DepthController(DepthOptions(max_k=4, probe_every=8))
     for _ in range(20):
-        ctrl.observe("r", 4, 4)
+        ctrl.observe(["r"], [4], [4])
     ctrl.observe_step(Step(tokens=1, draft_rows=0, seconds=0.01, requests=1, emitted=1))  # plain: 100 tokens/s
     ks = []
     for _ in range(500):  # every draft is accepted, but a step costs 11 ms a token: 91 tokens/s, slower by 9%
         (k,) = ctrl.choose(["r"], [ctrl.reservation("r")])
         ks.append(k)
         if k:
-            ctrl.observe("r", k, k)
+            ctrl.observe(["r"], [k], [k])
         ctrl.observe_step(Step(tokens=1 + k, draft_rows=k, seconds=0.011 * (1 + k), requests=1, emitted=1 + k,
                                verified=k) if k else Step(tokens=1, draft_rows=0, seconds=0.01, requests=1, emitted=1))
     trial = ks.index(0)
@@ -198,14 +197,14 @@ def test_a_slow_spell_of_the_machine_does_not_keep_a_losing_speculation_going() 
     for end in range(42, 90, 2):
         ctrl = DepthController(DepthOptions(max_k=32, probe_every=8))
         for _ in range(20):
-            ctrl.observe("r", 8, 8)
+            ctrl.observe(["r"], [8], [8])
         ks = []
         for i in range(end + 300):
             slow = 2.0 if 40 <= i < end else 1.0
             (k,) = ctrl.choose(["r"], [ctrl.reservation("r")])
             ks.append(k)
             if k:
-                ctrl.observe("r", k, k)
+                ctrl.observe(["r"], [k], [k])
             ctrl.observe_step(Step(tokens=1 + k, draft_rows=k, seconds=slow * 0.011 * (1 + k), requests=1,
                                    emitted=1 + k, verified=k) if k else
                               Step(tokens=1, draft_rows=0, seconds=slow * 0.01, requests=1, emitted=1))
@@ -219,8 +218,7 @@ def _reserve_and_verify(ctrl: DepthController, ids: list[str], ks: list[int], al
     the deepest), then last step's drafts verified (a prefix accepted at rate alpha per position)."""
     caps = [ctrl.reservation(r, len(ids)) for r in ids]
     accepted = [int(np.argmin(np.append(rng.random(k) < alpha, False))) for k in ks]
-    for r, k, a in zip(ids, ks, accepted):
-        ctrl.observe(r, k, a)
+    ctrl.observe(ids, ks, accepted)
     return caps, max(caps), accepted
 
 
@@ -338,7 +336,7 @@ def test_in_fallback_new_batches_larger_than_one_get_no_trial_of_their_own() -> 
 def test_a_new_load_level_is_compared_with_a_timed_plain_step_before_speculating() -> None:
     ctrl = DepthController(DepthOptions(max_k=8))
     for _ in range(20):
-        ctrl.observe("a", 8, 8)
+        ctrl.observe(["a"], [8], [8])
     assert ctrl.choose(["a"]) == [0] and ctrl.reservation("a") == 0, "no plain step timed at batch 1 yet"
     ctrl.observe_step(Step(tokens=1, draft_rows=0, seconds=0.01, requests=1, emitted=1))
     assert ctrl.choose(["a"])[0] > 0
@@ -432,7 +430,7 @@ def test_a_trial_that_measures_a_tie_keeps_speculating() -> None:
     the opening trial fell back here and stayed)."""
     ctrl = DepthController(DepthOptions(max_k=1, probe_every=8))
     for _ in range(20):
-        ctrl.observe("r", 1, 1)
+        ctrl.observe(["r"], [1], [1])
     plain = Step(tokens=1, draft_rows=0, seconds=0.010, requests=1, emitted=1)
     ctrl.observe_step(plain)
     ks = []
@@ -440,7 +438,7 @@ def test_a_trial_that_measures_a_tie_keeps_speculating() -> None:
         (k,) = ctrl.choose(["r"], [ctrl.reservation("r")])
         ks.append(k)
         if k:
-            ctrl.observe("r", 1, 1)
+            ctrl.observe(["r"], [1], [1])
         ctrl.observe_step(Step(tokens=2, draft_rows=1, seconds=0.0204, requests=1, emitted=2, verified=1)
                           if k else plain)
     assert ks[:127] == [1] * 127, "speculation goes on after the opening trial, up to the first exploration"
