@@ -23,7 +23,7 @@ speculation: the speculative figure there
 is as old as the last stretch of speculation, and a slow spell of the machine (its speed drifts by a
 third within seconds here), which slows the plain steps timed now, would otherwise read as a gain;
 when plain decoding measures slower than speculation last did, the trial comes early instead, but
-not before half its interval has passed. Left out:
+not before half its interval at batch 1's budget has passed. Left out:
 steps with a prompt in them, and the steps of a switch, paid once per stretch of speculation (the
 step that drafts with nothing to verify, where the head also catches up on the tokens of the plain
 steps before, the one after it, and the first plain step after a draft, which carries the last
@@ -36,8 +36,8 @@ mean, its time by a tenth, so a few timed steps then suffice. Plain speeds have 
 Trials. Speculation is timed afresh by a trial: it runs at the K the model picks until
 `probe_steps` steady steps are timed (the engine's start is one). In fallback a trial comes after
 a number of steps set by what one costs at the measured speeds, switches included: about
-`PROBE_BUDGET` of the time (2% at batch 1, 0.5% beyond; a clear loss is tried less often than a near tie, within 1x-64x
-`probe_every`), and at once when the batch is smaller than any tried so far (a lower load level,
+`PROBE_BUDGET` of the time (2% at batch 1, 0.5% beyond; a clear loss is tried less often than a near
+tie, within 1x-64x `probe_every`), and at once when the batch is smaller than any tried so far (a lower load level,
 where speculation gains more). Its drafts start as deep as speculation last went. A batch made
 mostly of new requests gets a trial too while speculating, and in fallback at batch 1 (each request):
 requests differ widely (some accept ten drafts a step, most one or two), and a fixed K takes the
@@ -49,8 +49,8 @@ trial may come, so that the head drafts over its prompt (else its KV would miss 
 speculating, an exploration forces `explore_steps` plain steps every `explore_every` steps and soon
 after a trial, and times plain decoding afresh by them, as a trial does speculation (all but the
 first, which follows a draft, are timed: a plain figure timed in a slow spell of the machine must
-not keep a losing speculation going); plain steps are also forced at a batch size whose plain speed
-is not measured yet.
+not keep a losing speculation going; until they are timed, no other batch size's figures decide);
+plain steps are also forced at a batch size whose plain speed is not measured yet.
 
 KV lookahead follows each request's own K: `reservation` says how many drafts a request may get at
 its next choice (at most twice its last K, so K can grow step by step; 0 in fallback until a probe,
@@ -237,7 +237,6 @@ class DepthController:
         self._hits = np.zeros((16, k))
         self._free_rows = list(range(15, 0, -1))
         self._positions = np.arange(k)
-        self._prior_weights = PRIOR_DECAY ** np.arange(255, -1, -1.0)  # a step's observations, the latest last
         self.prior_tries = np.zeros(k)
         self.prior_hits = np.zeros(k)
         self.cost = CostModel()
@@ -248,6 +247,7 @@ class DepthController:
         self.steps = 0  # choices made: the clock of probes and exploration
         self.speculating = True  # whether the latest choice found drafting worth its cost
         self.probe_interval = options.probe_every  # steps from entering fallback to the next probe
+        self.early_interval = options.probe_every  # the same at PROBE_BUDGET[0]: sets the earliest probe
         self.next_probe = options.probe_every
         self.earliest_probe = options.probe_every // 2  # the next probe comes no earlier (see _schedule_probe)
         self.trial_left = options.probe_steps  # steady speculative steps the current trial still has to time
@@ -269,7 +269,8 @@ class DepthController:
     def observe(self, req_ids: list[str], num_drafts: list[int], num_accepted: list[int]) -> None:
         """A step's verification results: request i's drafts 1..num_accepted[i] accepted, the next one
         rejected (requests that verified no draft are skipped). The prior takes them one after another."""
-        kept = [(self._stats(r).row, a, min(a + 1, n)) for r, n, a in zip(req_ids, num_drafts, num_accepted) if n > 0]
+        kept = [(self._stats(r).row, a, min(a + 1, n))  # (row, accepted, seen)
+                for r, n, a in zip(req_ids, num_drafts, num_accepted) if n > 0]
         if len(kept) == 1:  # one request (batch 1): in place, slices instead of masks, a third of the time
             (row, accepted, seen), decay = kept[0], self.opt.decay
             for table, upto, factor in ((self._tries[row], seen, decay), (self._hits[row], accepted, decay),
@@ -285,8 +286,8 @@ class DepthController:
         self._tries[rows] = self._tries[rows] * self.opt.decay + tries
         self._hits[rows] = self._hits[rows] * self.opt.decay + hits
         n = len(rows)
-        weights = self._prior_weights[-n:] if n <= len(self._prior_weights) else PRIOR_DECAY ** np.arange(n - 1, -1, -1.0)
-        self.prior_tries = self.prior_tries * PRIOR_DECAY**n + weights @ tries  # the latest observation weighs 1
+        weights = PRIOR_DECAY ** np.arange(n - 1, -1, -1.0)  # the latest observation weighs 1
+        self.prior_tries = self.prior_tries * PRIOR_DECAY**n + weights @ tries
         self.prior_hits = self.prior_hits * PRIOR_DECAY**n + weights @ hits
 
     def _stats(self, req_id: str) -> _Stats:
@@ -362,14 +363,13 @@ class DepthController:
         stretch = max(spec.step_seconds / plain.step_seconds, 1.0)
         return self.opt.probe_steps * stretch * max(1.0 - spec.value / plain.value, 0.0) + stretch
 
-    def _fallback_interval(self, batch: int) -> int:
-        """Steps in fallback before the next probe: a trial's cost over `PROBE_BUDGET`, so that probing
-        costs about that share of the time (clear losses are probed less often than near ties); within
-        1x-64x `probe_every`."""
+    def _fallback_interval(self, batch: int, budget: float) -> int:
+        """Steps in fallback before the next probe: a trial's cost over `budget`, so that probing costs
+        about that share of the time (clear losses are probed less often than near ties); within 1x-64x
+        `probe_every`."""
         lost = self._trial_cost(batch)
         if lost is None:
             return self.opt.probe_every
-        budget = PROBE_BUDGET[0] if batch == 1 else PROBE_BUDGET[1]
         return int(np.clip(lost / budget, self.opt.probe_every, 64 * self.opt.probe_every))
 
     def _arrival_trial_due(self, step: int, batch: int) -> bool:
@@ -400,7 +400,7 @@ class DepthController:
         brings it forward, but by half the interval at most: the machine's speed drifts by a third
         within seconds, and a plain figure timed in a slow spell would otherwise call trial after trial."""
         self.next_probe = self.steps + self.probe_interval
-        self.earliest_probe = self.steps + self.probe_interval // 2
+        self.earliest_probe = self.steps + self.early_interval // 2
 
     def _plain_unmeasured(self, batch: int) -> bool:
         """No plain decode step has been timed at about this batch size yet (a new load level)."""
@@ -499,9 +499,10 @@ class DepthController:
         in_trial = self.trial_left > 0 and self.steps <= self.probe_until
         if in_trial:
             self.tried.add(bucket)
-        # measured speeds overrule the model (whose costs may be biased) both ways, outside trials; a trial
-        # that measures a tie keeps speculating (see the module's doc)
-        faster = True if in_trial else self.speculation_measured_faster(len(req_ids))
+        # measured speeds overrule the model (whose costs may be biased) both ways, outside trials and
+        # explorations (whose plain figure is being timed afresh: a neighbouring batch size's figures would
+        # stand in meanwhile); a trial that measures a tie keeps speculating (see the module's doc)
+        faster = True if in_trial or self.plain_left else self.speculation_measured_faster(len(req_ids))
         if faster and not self.speculating and not in_trial:
             # in fallback only a trial resumes speculation: its figure may be stale and plain decoding
             # timed in a slow spell of the machine (both sides must be timed alike); the trial comes early
@@ -514,7 +515,9 @@ class DepthController:
         if faster is False:
             n = 0
         if self.speculating and n == 0:  # entering fallback: the first probe comes one interval later
-            self.probe_interval = self._fallback_interval(len(req_ids))
+            self.probe_interval = self._fallback_interval(len(req_ids), PROBE_BUDGET[len(req_ids) > 1])
+            # the early probe, when speculation measures faster, comes as soon as at batch 1's budget
+            self.early_interval = self._fallback_interval(len(req_ids), PROBE_BUDGET[0])
             self._schedule_probe()
             self._close_stretch()
         self.speculating = n > 0

@@ -21,6 +21,7 @@ import math
 import random
 from bisect import bisect_left
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from peagle_vllm.depth import DepthController, Step
@@ -40,7 +41,7 @@ class StepCosts:
     plain: dict[int, float]
     extra: dict[int, list[tuple[float, float]]]
 
-    def _by_batch(self, batch: int, value) -> float:
+    def _by_batch(self, batch: int, value: Callable[[int], float]) -> float:
         sizes = sorted(self.plain)
         if batch <= sizes[0]:
             return value(sizes[0])

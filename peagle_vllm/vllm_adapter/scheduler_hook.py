@@ -194,10 +194,11 @@ def _wrap_update_from_output(original):
                                 self.peagle_blocks_released, self._peagle_gaps.caught_up)
             index = model_runner_output.req_id_to_index
             sampled = model_runner_output.sampled_token_ids
-            verified = [(req_id, len(drafts), len(sampled[i]) - 1)
+            verified = [(req_id, len(drafts), max(len(sampled[i]) - 1, 0))  # (request, drafts, accepted)
                         for req_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items()
                         if (i := index.get(req_id)) is not None and i < len(sampled)]
-            ctrl.observe([v[0] for v in verified], [v[1] for v in verified], [max(v[2], 0) for v in verified])
+            if verified:
+                ctrl.observe(*(list(column) for column in zip(*verified)))
             self._peagle_gaps.note_step(scheduler_output.num_scheduled_tokens,
                                         drafted=getattr(scheduler_output, DRAFT_DEPTH_ATTR, None) != 0)
             for req_id in scheduler_output.finished_req_ids:

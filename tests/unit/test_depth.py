@@ -443,3 +443,31 @@ def test_a_trial_that_measures_a_tie_keeps_speculating() -> None:
                           if k else plain)
     assert ks[:127] == [1] * 127, "speculation goes on after the opening trial, up to the first exploration"
     assert 0 in ks[127:] and sum(ks[127:]) > 40, "explorations time plain decoding, and speculation resumes"
+
+def test_an_exploration_is_not_decided_by_a_neighbouring_batch_size() -> None:
+    """At batch 2 speculation wins by far; at batch 4 it loses. An exploration times batch 2's plain
+    decoding afresh, and meanwhile batch 2 has no plain figure: the batch-4 figures, nearest, said
+    "slower" and sent it into fallback for a hundred steps (replays with a cheap draft, c=2: 0.77 of
+    the best fixed K; now 1.00). Speculation resumes right after the exploration."""
+    ctrl = DepthController(DepthOptions(max_k=4, probe_every=8))
+    ids = ["a", "b"]
+    for _ in range(10):  # batch 4: plain 100 tokens per request-second, speculation 50
+        ctrl.observe_step(Step(tokens=4, draft_rows=0, seconds=0.01, requests=4, emitted=4))
+    for _ in range(20):
+        ctrl.observe(["x"], [4], [4])
+    ks = [ctrl.choose(["w", "x", "y", "z"])]
+    for _ in range(8):
+        ctrl.observe_step(Step(tokens=20, draft_rows=16, seconds=0.1, requests=4, emitted=20, verified=16))
+    ctrl.observe_step(Step(tokens=2, draft_rows=0, seconds=0.01, requests=2, emitted=2))  # batch 2, plain: 100/s
+    ks = []
+    for _ in range(300):  # batch 2, every draft accepted: 5 tokens in 12 ms per request, 4 times plain's speed
+        caps = [ctrl.reservation(r, 2) for r in ids]
+        step = ctrl.choose(ids, caps)
+        ks.append(max(step))
+        ctrl.observe(ids, step, step)
+        verified = sum(step)
+        ctrl.observe_step(Step(tokens=2 + verified, draft_rows=2 * max(caps), seconds=0.012 if verified else 0.01,
+                               requests=2, emitted=2 + verified, verified=verified) if max(caps) else
+                          Step(tokens=2, draft_rows=0, seconds=0.01, requests=2, emitted=2))
+    plain_runs = [len(run) for run in "".join("0" if k == 0 else "1" for k in ks[20:]).split("1") if run]
+    assert plain_runs and max(plain_runs) <= 5, f"plain stretches {plain_runs}: only explorations (4 steps, 1 switch)"
