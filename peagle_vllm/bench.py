@@ -24,9 +24,12 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from peagle_vllm.corpus import held_out_prompts
 from peagle_vllm.runs import SpecFigures, close_llm, make_llm, set_cpu_defaults
+
+T = TypeVar("T")  # a prompt, or a replay's recorded prompt
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ MEDIAN_LEVEL = 0.9  # confidence of the intervals given with paired ratios
 WARMUP = (4, 32)  # concurrency and tokens of the warm-up cell each engine or server runs before it is measured
 
 
-def requests_for(prompts: list[str], concurrency: int) -> list[str]:
+def requests_for(prompts: list[T], concurrency: int) -> list[T]:
     """The requests of one cell: every prompt at least once (a single prompt at concurrency 1 would
     measure that prompt, not the traffic), and at least two per concurrent slot (the ragged end, where
     the last requests finish with the batch part empty, then weighs less)."""

@@ -21,6 +21,7 @@ import random
 import statistics
 from pathlib import Path
 
+from peagle_vllm.bench import requests_for
 from peagle_vllm.depth import DepthController, DepthOptions
 from peagle_vllm.depth_replay import Noise, Request, StepCosts, replay
 
@@ -92,9 +93,8 @@ def step_costs(scale: float) -> StepCosts:
 
 
 def cell(prompts: list[dict], concurrency: int, tag: str) -> list[Request]:
-    """The benchmark's requests for one cell: every prompt at least once, at least two per slot."""
-    n = max(2 * concurrency, len(prompts))
-    chosen = (prompts * (n // len(prompts) + 1))[:n]
+    """The benchmark's requests for one cell (`bench.requests_for`)."""
+    chosen = requests_for(prompts, concurrency)
     return [Request(f"{tag}-{i}", p["prompt_tokens"], p["runs"]) for i, p in enumerate(chosen)]
 
 
