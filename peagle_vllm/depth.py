@@ -166,16 +166,18 @@ class CostModel:
     ridge: float = 1e-6
     _s: np.ndarray = field(default_factory=lambda: np.array([1e-2, 1e-4, 1e-5]))  # s0, s1, s2
     _p0: float | None = None
-    _xx: np.ndarray = field(default_factory=lambda: np.zeros((4, 4)))  # features: draft ran, plain, T, D
-    _xy: np.ndarray = field(default_factory=lambda: np.zeros(4))
+    # decayed sums of x x^T and x y over features x = (draft ran, plain, T, D), as floats: a step in fallback
+    # costs these sums only, and numpy's per-call overhead was most of a fallback step's controller time
+    _xx: list[float] = field(default_factory=lambda: [0.0] * 16)
+    _xy: list[float] = field(default_factory=lambda: [0.0] * 4)
     _seen: int = 0
     _new: int = 0  # observations since the fit was last solved
 
     def observe(self, tokens: int, draft_rows: int, seconds: float) -> None:
         drafted = float(draft_rows > 0)
-        x = np.array([drafted, 1.0 - drafted, tokens, draft_rows])
-        self._xx = self._xx * self.decay + np.outer(x, x)
-        self._xy = self._xy * self.decay + x * seconds
+        x, decay = (drafted, 1.0 - drafted, float(tokens), float(draft_rows)), self.decay
+        self._xx = [v * decay + x[i >> 2] * x[i & 3] for i, v in enumerate(self._xx)]
+        self._xy = [v * decay + xi * seconds for v, xi in zip(self._xy, x)]
         self._seen += 1
         self._new += 1
 
@@ -184,8 +186,9 @@ class CostModel:
             return  # the starting values until 3 observations; then refitted every REFIT_EVERY
         self._new = 0
         current = np.array([self._s[0], self._s[0] if self._p0 is None else self._p0, self._s[1], self._s[2]])
-        reg = self.ridge * np.diag(np.maximum(np.diag(self._xx), 1e-9))
-        a, b = self._xx + reg, self._xy + reg @ current
+        xx, xy = np.array(self._xx).reshape(4, 4), np.array(self._xy)
+        reg = self.ridge * np.diag(np.maximum(np.diag(xx), 1e-9))
+        a, b = xx + reg, xy + reg @ current
         free = np.ones(4, dtype=bool)
         while True:  # no cost is negative: a term that comes out negative is fixed at 0 and the rest refitted
             fit = np.zeros(4)
@@ -196,7 +199,7 @@ class CostModel:
             free &= fit > 0
         s0, p0, s1, s2 = fit
         self._s = np.array([s0, s1, s2])
-        if self._xx[1, 1] > 0:
+        if xx[1, 1] > 0:
             self._p0 = float(p0)
 
     @property
@@ -242,6 +245,7 @@ class DepthController:
         self.cost = CostModel()
         # `_lookahead` of every depth 0..K, for pricing many candidate draft counts at once
         self._lookahead_of_depth = np.array([self._lookahead(d) for d in range(k + 1)])
+        self._lookahead_rows = [0] + self._lookahead_of_depth[1:].tolist()  # draft rows of n drafts at batch 1
         self.typical_k = k  # largest K of the latest choice: what a new request may start from
         self.spec_k = k  # largest K of the latest speculative choice: where a probe starts
         self.steps = 0  # choices made: the clock of probes and exploration
@@ -311,7 +315,11 @@ class DepthController:
         if step.seconds <= 0 or not step.emitted or not step.decode_only:
             return
         self.cost.observe(step.tokens, step.draft_rows, step.seconds)
-        plain, spec = self.speeds.setdefault(_bucket(step.requests), (_Speed(PLAIN_DECAY), _Speed()))
+        bucket = _bucket(step.requests)
+        speeds = self.speeds.get(bucket)
+        if speeds is None:
+            speeds = self.speeds[bucket] = (_Speed(PLAIN_DECAY), _Speed())
+        plain, spec = speeds
         if step.draft_rows and self._stretch is not None and plain.value is not None:
             # seconds plain decoding would take for the step's tokens, less the step's own
             gained = step.emitted / (step.requests * plain.value) - step.seconds
@@ -372,10 +380,16 @@ class DepthController:
             return self.opt.probe_every
         return int(np.clip(lost / budget, self.opt.probe_every, 64 * self.opt.probe_every))
 
+    def _in_trial(self, step: int) -> bool:
+        """Whether the current trial still times speculation at `step`."""
+        return self.trial_left > 0 and step <= self.probe_until
+
     def _arrival_trial_due(self, step: int, batch: int) -> bool:
         """Whether a batch made mostly of new requests gets a trial at `step`: their acceptance is unknown,
         and requests differ widely (some accept ten drafts a step, most one or two). While speculating,
-        every new batch gets one; in fallback, only a request alone in its batch (batch 1), while trials
+        every new batch gets one, unless speculation measured slower at about its size (a batch size it
+        came back to, as at concurrency 16 when a ragged end's small batches had speculated: each new
+        batch of 16 paid a trial, its prompts drafted over, some 10% of the engine's time); in fallback, only a request alone in its batch (batch 1), while trials
         there have paid on balance (what the ones that found easy requests gained outweighs what the
         others lost) or `VALUE_TRIALS` were not measured yet; never within `probe_every` steps of the
         latest trial. At larger batches a trial in fallback cost more than its timed steps: requests that
@@ -384,8 +398,10 @@ class DepthController:
         read positive); the spaced probes keep speculation's figure there."""
         if step < self.trial_step + self.opt.probe_every:
             return False
+        if self.speculating:
+            return self.speculation_measured_faster(batch) is not False
         value, trials = self.trial_value
-        return self.speculating or batch == 1 and (value >= 0.0 if trials >= VALUE_TRIALS else True)
+        return batch == 1 and (value >= 0.0 if trials >= VALUE_TRIALS else True)
 
     def _close_stretch(self) -> None:
         """The latest trial's stretch of speculation is over: what it gained joins the trial value."""
@@ -422,7 +438,37 @@ class DepthController:
         rates = (self._hits[rows] + w * prior) / (self._tries[rows] + w)
         return np.cumprod(np.minimum(rates, 1.0), axis=1)  # never below 0: counts
 
+    def _one_curve(self, req_id: str) -> list[float]:
+        """`_accept_curves` for one request, on floats."""
+        s, w = self.requests.get(req_id), self.opt.prior_weight
+        row = 0 if s is None else s.row
+        curve, p = [], 1.0
+        for hits, tries, prior in zip(self._hits[row].tolist(), self._tries[row].tolist(), self._prior_rate_list()):
+            p *= min((hits + w * prior) / (tries + w), 1.0)
+            curve.append(p)
+        return curve
+
+    def _best_count_one(self, curve: list[float], speculate: bool) -> int:
+        """`_best_draft_count` for one request, on floats: its curve falls with depth, so its top-n drafts
+        are its first n, drafted n deep."""
+        s0, s1, s2 = self.cost.s.tolist()
+        plain = self.cost.p0
+        plain = s0 if plain is None else plain
+        best, best_n, accepted = -np.inf, 0, 0.0
+        for n, rows in enumerate(self._lookahead_rows):
+            if n:
+                accepted += curve[n - 1]
+            seconds = max((s0 + s2 * rows if rows > 0 else plain) + s1 * (1 + n), 1e-9)
+            speed = (1.0 + accepted) / seconds
+            if speed > best and (n or not speculate):
+                best, best_n = speed, n
+        return best_n
+
     def _prior_rates(self) -> np.ndarray:
+        """`_prior_rate_list` as an array."""
+        return np.array(self._prior_rate_list())
+
+    def _prior_rate_list(self) -> list[float]:
         """All-request conditional acceptance per position, each shrunk towards the position before
         it: a position rarely tried (K has not reached it lately) is assumed to accept like the last
         one measured, not like a stale start value, so K can still grow into it."""
@@ -431,7 +477,7 @@ class DepthController:
         for hits, tries in zip(self.prior_hits.tolist(), self.prior_tries.tolist()):
             before = (hits + w * before) / (tries + w)
             rates.append(before)
-        return np.array(rates)
+        return rates
 
     def reservation(self, req_id: str, batch: int | None = None) -> int:
         """Most drafts this request may be given at its next choice (and lookahead to reserve for).
@@ -440,15 +486,25 @@ class DepthController:
         s = self.requests.get(req_id)
         last = self.typical_k if s is None or s.last_k is None else s.last_k
         plain_next = last == 0 and not self.speculating and self.steps + 1 < self.next_probe
-        if plain_next and s is None:
+        if s is None:
             size = len(self.requests) + 1 if batch is None else max(batch, 1)
-            if 2 * (size - len(self.requests)) >= size and self._arrival_trial_due(self.steps + 1, size):
+            if plain_next and 2 * (size - len(self.requests)) >= size and self._arrival_trial_due(self.steps + 1, size):
                 plain_next = False  # new requests, half the batch or more: their trial may start with their prompts
+            elif self.speculating and not self._in_trial(self.steps + 1) and self.speculation_measured_faster(size) is False:
+                # the next choice falls back (no arrival trial where speculation measured slower): drafting over
+                # the prompt would be for nothing (at concurrency 16 here, a third of the prefill step's time)
+                plain_next = True
         if self.plain_forced or plain_next:
             return self.opt.min_k  # exploring, or in fallback with no probe due: plain decoding next step
         if last == 0:  # a request back from K=0 starts where speculation stood
             return int(min(self.opt.max_k, max(self.spec_k, self.opt.probe_k, self.opt.min_k)))
         return self._lookahead(last)
+
+    def plain_next(self) -> bool:
+        """Whether every request at K=0 now is reserved nothing for the next step, as `reservation` says for
+        each (exploring, or in fallback with no probe due, and `min_k` 0): the engine, which asks for a
+        reservation per request and step, need not ask then."""
+        return self.opt.min_k == 0 and (self.plain_forced or not self.speculating and self.steps + 1 < self.next_probe)
 
     def _lookahead(self, k: int) -> int:
         """Drafts reserved for a request whose K is now k (> 0): up to twice as many, so that K can grow
@@ -459,12 +515,9 @@ class DepthController:
         """n maximising expected tokens per predicted second over the top-n acceptance probabilities
         (n = 0: a plain step, not a candidate when `speculate`), and those probabilities sorted."""
         b, kmax = curves.shape
-        if b == 1:  # one request: its curve falls with depth, so its top-n drafts are its first n
-            flat, depth = curves[0], np.arange(1, kmax + 1)
-        else:
-            order = np.argsort(curves.ravel(), kind="stable")[::-1]
-            flat = curves.ravel()[order]
-            depth = np.maximum.accumulate(order % kmax + 1)  # draft depth the top-n drafts need
+        order = np.argsort(curves.ravel(), kind="stable")[::-1]
+        flat = curves.ravel()[order]
+        depth = np.maximum.accumulate(order % kmax + 1)  # draft depth the top-n drafts need
         gain = b + np.concatenate([[0.0], np.cumsum(flat)])
         tokens = b + np.arange(len(flat) + 1)
         rows = np.concatenate([[0], b * self._lookahead_of_depth[depth]])  # the next step drafts as deep as it reserves
@@ -496,7 +549,7 @@ class DepthController:
             speeds = self.speeds.get(bucket)
             if speeds is not None:
                 self.speeds[bucket] = (speeds[0], _Speed())
-        in_trial = self.trial_left > 0 and self.steps <= self.probe_until
+        in_trial = self._in_trial(self.steps)
         if in_trial:
             self.tried.add(bucket)
         # measured speeds overrule the model (whose costs may be biased) both ways, outside trials and
@@ -510,8 +563,15 @@ class DepthController:
             faster = False
         if faster is False and not self.speculating:
             return self._stay_in_fallback(req_ids)
-        curves = self._accept_curves(req_ids)
-        n, flat = self._best_draft_count(curves, speculate=bool(faster))
+        # one request (batch 1, where a step is shortest) on floats: numpy's per-call overhead was most of
+        # the choice's time there; the same arithmetic in the same order, so the same choices
+        one = len(req_ids) == 1
+        if one:
+            curve = self._one_curve(req_ids[0])
+            n, flat = self._best_count_one(curve, speculate=bool(faster)), curve
+        else:
+            curves = self._accept_curves(req_ids)
+            n, flat = self._best_draft_count(curves, speculate=bool(faster))
         if faster is False:
             n = 0
         if self.speculating and n == 0:  # entering fallback: the first probe comes one interval later
@@ -530,15 +590,11 @@ class DepthController:
             if self.plain_left or self._plain_unmeasured(len(req_ids)):
                 n, self.plain_forced = 0, True
         threshold = flat[n - 1] if n > 0 else np.inf
-        ks = np.maximum((curves >= threshold).sum(axis=1), self.opt.min_k)  # a count: never above kmax
-        if trial and not self.plain_forced:  # where the model says no: tried with a short draft
-            ks[ks == 0] = min(self.opt.probe_k, kmax)
-        if caps is not None:
-            ks = np.minimum(ks, caps)
-        # expected tokens: one per request, and each request's P over its kept drafts
-        drafted = np.cumsum(curves, axis=1)[np.arange(len(ks)), np.maximum(ks - 1, 0)]
-        self._expected = 1.0 + float(np.where(ks > 0, drafted, 0.0).sum()) / len(req_ids)
-        out = ks.tolist()
+        short = min(self.opt.probe_k, kmax) if trial and not self.plain_forced else 0  # where the model says no
+        if one:
+            out, self._expected = self._ks_one(curve, threshold, short, None if caps is None else caps[0])
+        else:
+            out, self._expected = self._ks_batch(curves, threshold, short, caps)
         for rid, k in zip(req_ids, out):
             self._stats(rid).last_k = k
         self.typical_k = max(out)
@@ -546,11 +602,32 @@ class DepthController:
             self.spec_k = self.typical_k
         return out
 
+    def _ks_batch(self, curves: np.ndarray, threshold: float, short: int,
+                  caps: list[int] | None) -> tuple[list[int], float]:
+        """Each request's K: its drafts whose acceptance probability reaches `threshold` (at least min_k; 0
+        becomes `short`, a trial's short draft), within `caps`; and the tokens per request they are
+        expected to emit (one, and each request's probabilities over its kept drafts)."""
+        ks = np.maximum((curves >= threshold).sum(axis=1), self.opt.min_k)  # a count: never above kmax
+        if short:
+            ks[ks == 0] = short
+        if caps is not None:
+            ks = np.minimum(ks, caps)
+        drafted = np.cumsum(curves, axis=1)[np.arange(len(ks)), np.maximum(ks - 1, 0)]
+        return ks.tolist(), 1.0 + float(np.where(ks > 0, drafted, 0.0).sum()) / len(ks)
+
+    def _ks_one(self, curve: list[float], threshold: float, short: int, cap: int | None) -> tuple[list[int], float]:
+        """`_ks_batch` for one request, on floats."""
+        k = max(sum(p >= threshold for p in curve), self.opt.min_k) or short
+        if cap is not None:
+            k = min(k, cap)
+        return [k], 1.0 + (sum(curve[:k]) if k > 0 else 0.0)
+
     def _stay_in_fallback(self, req_ids: list[str]) -> list[int]:
         """`choose` for a batch in fallback with no probe due: K=0 for all, nothing to weigh."""
         self.plain_left, self.plain_forced = 0, False
+        requests = self.requests
         for rid in req_ids:
-            self._stats(rid).last_k = 0
+            (requests.get(rid) or self._stats(rid)).last_k = 0
         self.typical_k, self._expected = 0, 1.0
         return [0] * len(req_ids)
 

@@ -5,7 +5,7 @@ engine-side figures (chosen K, fallbacks, draft time) carried from the engine co
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 WINDOW = 20
@@ -60,8 +60,8 @@ class EngineFigures:
     draft_us: int = 0  # draft forward time, microseconds
 
     def add_choices(self, ks: list[int]) -> None:
-        for k in ks:
-            self.chosen_k[k] = self.chosen_k.get(k, 0) + 1
+        for k, n in Counter(ks).items():  # counted in C: a step in fallback gives a list of zeros
+            self.chosen_k[k] = self.chosen_k.get(k, 0) + n
 
     def add(self, other: EngineFigures) -> None:
         """Sums another step's figures into these."""

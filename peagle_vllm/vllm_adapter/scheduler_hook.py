@@ -64,6 +64,7 @@ def _wrap_init(original):
                 ctrl = DepthController(DepthOptions(max_k=opts["num_speculative_tokens"], min_k=opts.get("min_k", 0)))
                 setattr(self, ATTR, ctrl)
                 self._peagle_last_step = None
+                self._peagle_plain_next = False  # DepthController.plain_next as of this step's scheduling
                 self._peagle_last_log = time.perf_counter()
                 self._peagle_reserved: dict[str, int] = {}  # drafts whose lookahead is reserved
                 self._peagle_seeded_ids: dict[str, bool] = {}  # see _is_seeded
@@ -80,10 +81,13 @@ def _lookahead(self, request) -> int:
     """Draft-head slots to reserve for this request: K_max when seeded, else what the controller
     may give it next (recorded, since its drafts are then capped at that). The batch it joins is
     what the engine holds, up to its limit (requests arriving together come as one batch)."""
+    rid = request.request_id
+    if self._peagle_plain_next and self._peagle_reserved.get(rid) == 0:
+        return 0  # a request at K=0 stays there (see DepthController.plain_next)
     ctrl: DepthController = getattr(self, ATTR)
     batch = min(len(self.running) + len(self.waiting), self.max_num_running_reqs)
-    k = ctrl.opt.max_k if self._peagle_seeded(request.request_id) else ctrl.reservation(request.request_id, batch)
-    self._peagle_reserved[request.request_id] = k
+    k = ctrl.opt.max_k if self._peagle_seeded(rid) else ctrl.reservation(rid, batch)
+    self._peagle_reserved[rid] = k
     return k
 
 
@@ -92,7 +96,10 @@ def _wrap_schedule(original):
     def schedule(self, *args, **kwargs):
         ctrl: DepthController | None = getattr(self, ATTR, None)
         if ctrl is not None:
-            self._peagle_gaps.rewind(self, lambda rid: self._peagle_seeded(rid) or ctrl.reservation(rid) > 0)
+            # with plain_next, requests with a gap (at K=0 since) draft only when seeded
+            self._peagle_plain_next = plain = ctrl.plain_next()
+            if not plain or any(self._peagle_seeded_ids.values()):
+                self._peagle_gaps.rewind(self, lambda rid: self._peagle_seeded(rid) or not plain and ctrl.reservation(rid) > 0)
         out = original(self, *args, **kwargs)
         if ctrl is None:
             return out

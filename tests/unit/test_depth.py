@@ -471,3 +471,64 @@ def test_an_exploration_is_not_decided_by_a_neighbouring_batch_size() -> None:
                           Step(tokens=2, draft_rows=0, seconds=0.01, requests=2, emitted=2))
     plain_runs = [len(run) for run in "".join("0" if k == 0 else "1" for k in ks[20:]).split("1") if run]
     assert plain_runs and max(plain_runs) <= 5, f"plain stretches {plain_runs}: only explorations (4 steps, 1 switch)"
+
+
+def _time_speeds(ctrl: DepthController, requests: int, plain_s: float, spec_s: float) -> None:
+    """Ten plain and ten speculative decode steps of `requests` requests, timed as given."""
+    for _ in range(10):
+        ctrl.observe_step(Step(tokens=requests, draft_rows=0, seconds=plain_s, requests=requests, emitted=requests))
+    for _ in range(10):
+        ctrl.observe_step(Step(tokens=2 * requests, draft_rows=2 * requests, seconds=spec_s, requests=requests,
+                               emitted=2 * requests, verified=requests))
+
+
+@pytest.mark.parametrize("spec_faster", [False, True])
+def test_a_new_batch_is_tried_only_where_speculation_did_not_measure_slower(spec_faster: bool) -> None:
+    """Speculating (e.g. after a ragged end's small batches), a new batch of 16 arrives at a batch size
+    where speculation measured slower: no trial, and no lookahead, so that its prompts are not drafted
+    over for a choice that falls back (in the engine at c=16, such trials cost some 10% of the time)."""
+    ctrl = DepthController(DepthOptions(max_k=8, probe_every=1))
+    _time_speeds(ctrl, 16, plain_s=0.03 if spec_faster else 0.01, spec_s=0.01 if spec_faster else 0.03)
+    ids = [f"new{i}" for i in range(16)]
+    caps = [ctrl.reservation(r, 16) for r in ids]
+    ks = ctrl.choose(ids, caps)
+    if spec_faster:
+        assert min(caps) > 0 and min(ks) > 0 and ctrl.speculating
+    else:
+        assert caps == [0] * 16 and ks == [0] * 16 and not ctrl.speculating
+
+
+def test_plain_next_says_what_each_reservation_at_k0_says() -> None:
+    """The engine skips per-request reservations while `plain_next` holds: every request at K=0 must then be
+    reserved nothing; and it holds for most of a long fallback (else it saves nothing)."""
+    ctrl = DepthController(DepthOptions(max_k=8, probe_every=8))
+    rng = np.random.default_rng(3)
+    held = 0
+    for alpha, steps in ((0.9, 100), (0.0, 400)):
+        for _ in range(steps):
+            if ctrl.plain_next():
+                held += alpha == 0.0
+                assert all(ctrl.reservation(r) == 0 for r, s in ctrl.requests.items() if s.last_k == 0)
+            run(ctrl, alpha, 1, c1=0.1, rng=rng, req="a")
+            run(ctrl, alpha, 1, c1=0.1, rng=rng, req="b")
+    assert held > 300
+
+
+def test_one_request_on_floats_chooses_as_the_batch_arithmetic_does() -> None:
+    """Batch 1 runs the same arithmetic on floats (numpy's overhead dominated there): same curve, same
+    draft count, same K and expected tokens as the array code on a one-row batch."""
+    rng = np.random.default_rng(7)
+    for trial in range(40):
+        ctrl = DepthController(DepthOptions(max_k=16))
+        for _ in range(30):
+            k = int(rng.integers(1, 17))
+            ctrl.observe(["r"], [k], [int(rng.integers(0, k + 1))])
+            ctrl.observe_step(Step(tokens=1 + k, draft_rows=int(rng.integers(1, 33)), seconds=float(rng.uniform(4e-3, 2e-2)),
+                                   emitted=1, verified=k))
+            ctrl.observe_step(Step(tokens=1, draft_rows=0, seconds=float(rng.uniform(3e-3, 6e-3)), emitted=1))
+        curve = ctrl._one_curve("r")
+        assert curve == ctrl._accept_curves(["r"])[0].tolist()
+        for speculate in (False, True):
+            assert ctrl._best_count_one(curve, speculate) == ctrl._best_draft_count(np.array([curve]), speculate)[0]
+        threshold, short, cap = curve[int(rng.integers(0, 16))], int(rng.integers(0, 3)), int(rng.integers(0, 17))
+        assert ctrl._ks_one(curve, threshold, short, cap) == ctrl._ks_batch(np.array([curve]), threshold, short, [cap])
