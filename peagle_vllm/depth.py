@@ -38,8 +38,11 @@ Trials. Speculation is timed afresh by a trial: it runs at the K the model picks
 a number of steps set by what one costs at the measured speeds, switches included: about
 `PROBE_BUDGET` of the time (2% at batch 1, 0.5% beyond; a clear loss is tried less often than a near
 tie, within 1x-64x `probe_every`), and at once when the batch is smaller than any tried so far (a lower load level,
-where speculation gains more). Its drafts start as deep as speculation last went. A batch made
-mostly of new requests gets a trial too while speculating, and in fallback at batch 1 (each request):
+where speculation gains more) or, at a batch size other than the one fallback began at, speculation measured
+faster there (a ragged end's small batches must not hold back the next full batch). Its drafts start as deep
+as speculation last went. A batch made mostly of new requests gets a trial too while speculating (unless
+speculation measured slower at about its size: then it neither gets one nor drafts over its prompts), and
+in fallback at batch 1 (each request):
 requests differ widely (some accept ten drafts a step, most one or two), and a fixed K takes the
 easy ones for free. What those trials at batch 1 gain, each with the stretch of speculation it opens
 (plain time for the tokens emitted, less the time taken), is kept; where it is negative on balance
@@ -265,6 +268,7 @@ class DepthController:
         self._last = (False, False)  # the latest step opened a stretch of speculation; it ran a draft
         self._expected = 1.0  # tokens per request the latest choice's drafts are expected to emit
         self.tried: set[int] = set()  # batch-size buckets where a trial of speculation has run
+        self.fallback_bucket = 0  # batch-size bucket at which the latest fallback began
         self.trial_step = 0  # step at which the latest trial began
         # at batch 1: seconds a trial gained, its stretch included (decayed mean), and trials measured
         self.trial_value: tuple[float, int] = (0.0, 0)
@@ -535,7 +539,9 @@ class DepthController:
         smaller = bucket < min(self.tried, default=bucket + 1)  # speculation gains most at small batches
         arrival = 2 * sum(rid not in self.requests for rid in req_ids) >= len(req_ids) and \
             self._arrival_trial_due(self.steps, len(req_ids))
-        probe = not self.speculating and (self.steps >= self.next_probe or smaller)
+        # a batch size other than the one fallback began at, where speculation measured faster: probed now
+        moved = not self.speculating and bucket != self.fallback_bucket and self.speculation_measured_faster(len(req_ids))
+        probe = not self.speculating and (self.steps >= self.next_probe or smaller or moved)
         trial = probe or arrival
         if trial:  # speculation runs at the model's K until its speed is timed afresh
             self.trial_left, self.probe_until = self.opt.probe_steps, self.steps + 4 * self.opt.probe_steps
@@ -575,6 +581,7 @@ class DepthController:
         if faster is False:
             n = 0
         if self.speculating and n == 0:  # entering fallback: the first probe comes one interval later
+            self.fallback_bucket = bucket
             self.probe_interval = self._fallback_interval(len(req_ids), PROBE_BUDGET[len(req_ids) > 1])
             # the early probe, when speculation measures faster, comes as soon as at batch 1's budget
             self.early_interval = self._fallback_interval(len(req_ids), PROBE_BUDGET[0])

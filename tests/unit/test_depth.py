@@ -532,3 +532,33 @@ def test_one_request_on_floats_chooses_as_the_batch_arithmetic_does() -> None:
             assert ctrl._best_count_one(curve, speculate) == ctrl._best_draft_count(np.array([curve]), speculate)[0]
         threshold, short, cap = curve[int(rng.integers(0, 16))], int(rng.integers(0, 3)), int(rng.integers(0, 17))
         assert ctrl._ks_one(curve, threshold, short, cap) == ctrl._ks_batch(np.array([curve]), threshold, short, [cap])
+
+
+def _steps(ctrl: DepthController, ids: list[str], steps: int, plain_s: float, spec_s: float) -> list[int]:
+    """`steps` engine steps of the batch `ids` (every draft accepted), timed plain_s without a draft and spec_s
+    with one; the drafts verified per step."""
+    drafted = []
+    for _ in range(steps):
+        caps = [ctrl.reservation(r, len(ids)) for r in ids]
+        ks = ctrl.choose(ids, caps)
+        ctrl.observe(ids, ks, ks)
+        depth, verified = max(caps), sum(ks)
+        ctrl.observe_step(Step(tokens=len(ids) + verified, draft_rows=depth * len(ids), seconds=spec_s if depth else plain_s,
+                               requests=len(ids), emitted=len(ids) + verified, verified=verified))
+        drafted.append(verified)
+    return drafted
+
+
+def test_a_fallback_begun_at_one_batch_size_does_not_hold_back_another_where_speculation_measured_faster() -> None:
+    """Fallback began at batch 2 (a ragged end, where speculation measured slower); then a batch of 16 comes,
+    where it measured faster: probed at once, not after the batch-2 fallback's probe interval (replays with
+    a cheap draft at c=16: some 90 steps in fallback at the start of each cell)."""
+    ctrl = DepthController(DepthOptions(max_k=4, probe_every=8))
+    _time_speeds(ctrl, 16, plain_s=0.03, spec_s=0.01)
+    pair = ["a", "b"]
+    _steps(ctrl, pair, 40, plain_s=0.01, spec_s=0.05)
+    assert not ctrl.speculating
+    for r in pair:
+        ctrl.forget(r)
+    drafted = _steps(ctrl, [f"r{i}" for i in range(16)], 4, plain_s=0.03, spec_s=0.01)
+    assert sum(drafted[:3]) > 0, f"drafts per step {drafted}"
