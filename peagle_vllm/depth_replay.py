@@ -5,8 +5,9 @@ the offline benchmark, with per-step noise and a slow drift of the machine's spe
 Why: on this machine the same benchmark cell varies by 40-60% between rounds, so a change to the
 controller worth a few percent cannot be seen in engine runs of any affordable length; a replay sees it
 in seconds, with the noise under control, and reproduces the measured ratios (adaptive against plain
-decoding and the fixed K) to a few percent. What it leaves out: the scheduler hooks' own time, and
-costs the table does not hold (a draft over a prompt is priced like a plain step's).
+decoding and the fixed K) to a few percent. Besides the table, measured in the engine (session 10): a
+prompt token's cost, the head's cost per prompt token in a step that drafts, and the adaptive engine's
+hooks per step (its scheduler hooks and the controller).
 
 Acceptance: `runs[i]` is how many drafts in a row the head gets right when a step starts after the
 request's i-th generated token (greedy; the target's own continuation), so a step verifying k drafts
@@ -26,7 +27,13 @@ from dataclasses import dataclass, field
 
 from peagle_vllm.depth import DepthController, Step
 
-PREFILL_MS_PER_TOKEN = 0.02  # a prompt token's cost beside a decode step's (small target on this CPU)
+# a prompt token's cost beside a decode step's (a 1571-token prefill at c=16 took 172 ms; 187 tokens at c=4,
+# 23 ms beyond the decode step), and the head's in a step that drafts (80 ms more for those 1571, 10 for the 187)
+PREFILL_MS_PER_TOKEN = 0.11
+HEAD_PROMPT_MS_PER_TOKEN = 0.05
+# the adaptive engine's own hooks per step, fixed and per request (timed around vLLM's scheduler methods:
+# 0.15 ms at batch 1 speculating, 0.17 at 16 and 0.32 at 64 in fallback)
+HOOKS_MS = (0.12, 0.003)
 ROW_FREE = 16  # draft rows per request that cost nothing measurable (K=4 verified, 4..32 rows at c=1:
 ROW_MS = 0.045  # 7.00, 7.21, 7.02, 7.76 ms); each row beyond costs this, per request
 
@@ -40,6 +47,7 @@ class StepCosts:
 
     plain: dict[int, float]
     extra: dict[int, list[tuple[float, float]]]
+    head_prompt_ms: float = HEAD_PROMPT_MS_PER_TOKEN  # the head's cost per prompt token, in a step that drafts
 
     def _by_batch(self, batch: int, value: Callable[[int], float]) -> float:
         sizes = sorted(self.plain)
@@ -62,6 +70,7 @@ class StepCosts:
     def step_ms(self, batch: int, verified: int, draft_rows: int, prompt_tokens: int) -> float:
         ms = self._by_batch(batch, lambda b: self.plain[b]) + PREFILL_MS_PER_TOKEN * prompt_tokens
         if draft_rows:
+            ms += self.head_prompt_ms * prompt_tokens
             x = 2 * verified / batch
             ms += self._by_batch(batch, lambda b: self._extra(b, x))
             ms += ROW_MS * max(draft_rows / batch - ROW_FREE, 0) * batch
@@ -133,7 +142,8 @@ def replay(requests: list[Request], concurrency: int, costs: StepCosts, new_toke
             emitted += n
             if not depth:
                 r.missed += n
-        step = costs.step_ms(batch, verified, depth * batch, prompt) * noise.factor() / 1e3
+        hooks = 0.0 if controller is None else HOOKS_MS[0] + HOOKS_MS[1] * batch
+        step = (costs.step_ms(batch, verified, depth * batch, prompt) + hooks) * noise.factor() / 1e3
         seconds += step
         tokens_out += emitted
         running = [r for r in running if r.generated < new_tokens]

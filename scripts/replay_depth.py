@@ -23,7 +23,7 @@ from pathlib import Path
 
 from peagle_vllm.bench import requests_for
 from peagle_vllm.depth import DepthController, DepthOptions
-from peagle_vllm.depth_replay import Noise, Request, StepCosts, replay
+from peagle_vllm.depth_replay import HEAD_PROMPT_MS_PER_TOKEN, Noise, Request, StepCosts, replay
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "results" / "depth-replay"
@@ -89,7 +89,7 @@ def step_costs(scale: float) -> StepCosts:
         c = r["concurrency"]
         ms = 1e3 * c * r["acceptance_length"] / r["tokens_per_s"]
         extra.setdefault(c, [(0.0, scale * (ms - plain[c]))]).append((2.0 * r["k"], scale * (ms - plain[c])))
-    return StepCosts(plain, extra)
+    return StepCosts(plain, extra, scale * HEAD_PROMPT_MS_PER_TOKEN)
 
 
 def cell(prompts: list[dict], concurrency: int, tag: str) -> list[Request]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from peagle_vllm.depth import DepthController, DepthOptions
-from peagle_vllm.depth_replay import Noise, Request, StepCosts, replay
+from peagle_vllm.depth_replay import HOOKS_MS, PREFILL_MS_PER_TOKEN, Noise, Request, StepCosts, replay
 
 QUIET = {"step": 0.0, "drift": 0.0}
 
@@ -34,6 +34,23 @@ def test_costs_interpolate_between_batch_sizes_and_scale_beyond() -> None:
     assert costs.step_ms(2, 0, 0, 0) == pytest.approx(6.0)  # halfway on log(batch)
     assert costs.step_ms(1, 2, 1, 0) == pytest.approx(4.0 + 1.0 + 2.0 * 4 / 8)  # x = 2 x 2 verified
     assert costs.step_ms(8, 0, 0, 0) == pytest.approx(16.0)
+
+
+def test_prompt_tokens_cost_the_target_and_the_head_when_a_draft_runs() -> None:
+    costs = StepCosts({1: 4.0}, {1: [(0.0, 1.0), (8.0, 3.0)]}, head_prompt_ms=0.05)
+    assert costs.step_ms(1, 0, 0, 100) == pytest.approx(4.0 + 100 * PREFILL_MS_PER_TOKEN)
+    assert costs.step_ms(1, 0, 4, 100) == pytest.approx(4.0 + 1.0 + 100 * (PREFILL_MS_PER_TOKEN + 0.05))
+
+
+def test_adaptive_depth_pays_its_hooks_per_step() -> None:
+    """A controller in fallback (drafts never right, drafting dear; no probe for 10,000 steps) runs plain
+    steps plus the hooks' time: 10 ms + HOOKS_MS per step at batch 1, once its first trial is over."""
+    costs = flat_costs(10.0, 50.0)
+    plain = replay(requests(1, 0), 1, costs, 61, Noise(**QUIET))
+    ctrl = DepthController(DepthOptions(max_k=4, probe_every=10_000))
+    replay(requests(1, 0), 1, costs, 61, Noise(**QUIET), ctrl)  # the engine's first trial happens here
+    settled = replay([Request("late", 0, [0] * 61)], 1, costs, 61, Noise(**QUIET), ctrl)
+    assert settled == pytest.approx(plain * 10.0 / (10.0 + HOOKS_MS[0] + HOOKS_MS[1]))
 
 
 def test_the_controller_settles_on_the_side_that_pays() -> None:
