@@ -225,6 +225,10 @@ class CostModel:
         return np.where(draft_rows > 0, s0 + s2 * draft_rows, plain) + s1 * tokens
 
 
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
 def _bucket(batch: int) -> int:
     """Batch sizes within a factor of two share their speed figures."""
     return max(batch, 1).bit_length()
@@ -647,6 +651,9 @@ class DepthController:
         self.summarized = self.steps
         (s0, s1, s2), p0 = self.cost.s, self.cost.p0
         plain = "not measured yet" if p0 is None else f"{1e3 * p0:.2f} ms"
+        speeds = ", ".join(f"{2 ** (b - 1)}-{2 ** b - 1}: {_rate(p.value)}/{_rate(sp.value)}"
+                           for b, (p, sp) in sorted(self.speeds.items()))
         return (f"{'speculating' if self.speculating else 'fallback'}, probe interval {self.probe_interval} steps; "
                 f"fitted step cost: plain {plain}, with the draft {1e3 * s0:.2f} ms + {1e3 * s2:.4f} ms/draft row, "
-                f"+ {1e3 * s1:.3f} ms/token")
+                f"+ {1e3 * s1:.3f} ms/token; measured tokens per request-second, plain/speculative, by batch size: "
+                f"{speeds or 'none yet'}")

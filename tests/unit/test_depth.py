@@ -562,3 +562,14 @@ def test_a_fallback_begun_at_one_batch_size_does_not_hold_back_another_where_spe
         ctrl.forget(r)
     drafted = _steps(ctrl, [f"r{i}" for i in range(16)], 4, plain_s=0.03, spec_s=0.01)
     assert sum(drafted[:3]) > 0, f"drafts per step {drafted}"
+
+
+def test_the_log_line_shows_the_measured_speeds_that_decide() -> None:
+    """Operators see why the controller speculates or falls back: plain and speculative tokens per
+    request-second by batch-size bucket (here 100 and 33 at batch 4, nothing measured yet elsewhere)."""
+    ctrl = DepthController(DepthOptions(max_k=4))
+    ctrl.choose(["a"])
+    _time_speeds(ctrl, 4, plain_s=0.01, spec_s=0.03)
+    ctrl.observe_step(Step(tokens=1, draft_rows=0, seconds=0.01, requests=1, emitted=1))
+    line = ctrl.summary()
+    assert "4-7: 100/33" in line and "1-1: -/-" in line, line
