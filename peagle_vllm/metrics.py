@@ -60,7 +60,10 @@ class EngineFigures:
     draft_us: int = 0  # draft forward time, microseconds
 
     def add_choices(self, ks: list[int]) -> None:
-        for k, n in Counter(ks).items():  # counted in C: a step in fallback gives a list of zeros
+        if not any(ks):  # a step in fallback (most steps at larger batches): one count
+            self.chosen_k[0] = self.chosen_k.get(0, 0) + len(ks)
+            return
+        for k, n in Counter(ks).items():
             self.chosen_k[k] = self.chosen_k.get(k, 0) + n
 
     def add(self, other: EngineFigures) -> None:

@@ -26,6 +26,7 @@ def test_warns_once_when_the_window_stays_low_and_again_after_recovery() -> None
 def test_engine_figures_ride_in_a_shared_dict_and_leave_it_as_found() -> None:
     fig = EngineFigures()
     fig.add_choices([0, 0, 3, 8, 3])
+    fig.add_choices([0, 0, 0])  # a step in fallback
     fig.steps_without_draft += 2
     fig.add_draft(3, 0.0042)
     carrier = {"waiting_to_start": 1}  # vLLM's own keys stay untouched
@@ -33,8 +34,8 @@ def test_engine_figures_ride_in_a_shared_dict_and_leave_it_as_found() -> None:
     assert fig.drain() == {}  # drained: the next step starts from zero
     back = EngineFigures.take_from(carrier)
     assert carrier == {"waiting_to_start": 1}
-    assert back.chosen_k == {0: 2, 3: 2, 8: 1} and back.steps_without_draft == 2
+    assert back.chosen_k == {0: 5, 3: 2, 8: 1} and back.steps_without_draft == 2
     assert back.draft_forwards == 3 and back.draft_us == 4200
     assert EngineFigures.take_from(carrier) is None
     back.add(back)
-    assert back.chosen_k == {0: 4, 3: 4, 8: 2} and back.draft_us == 8400 and back.steps_without_draft == 4
+    assert back.chosen_k == {0: 10, 3: 4, 8: 2} and back.draft_us == 8400 and back.steps_without_draft == 4
