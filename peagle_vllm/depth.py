@@ -397,13 +397,14 @@ class DepthController:
         and requests differ widely (some accept ten drafts a step, most one or two). While speculating,
         every new batch gets one, unless speculation measured slower at about its size (a batch size it
         came back to, as at concurrency 16 when a ragged end's small batches had speculated: each new
-        batch of 16 paid a trial, its prompts drafted over, some 10% of the engine's time); in fallback, only a request alone in its batch (batch 1), while trials
-        there have paid on balance (what the ones that found easy requests gained outweighs what the
-        others lost) or `VALUE_TRIALS` were not measured yet; never within `probe_every` steps of the
-        latest trial. At larger batches a trial in fallback cost more than its timed steps: requests that
-        speculated fell out of step with the rest, and the batch ended ragged (replays of the demo at
-        concurrency 4: 0.92 of plain decoding's speed with such trials, 0.97 without, where trial values
-        read positive); the spaced probes keep speculation's figure there."""
+        batch of 16 paid a trial, its prompts drafted over, some 10% of the engine's time); in fallback,
+        only a request alone in its batch (batch 1), while trials there have paid on balance (what the
+        ones that found easy requests gained outweighs what the others lost) or `VALUE_TRIALS` were not
+        measured yet; never within `probe_every` steps of the latest trial. At larger batches a trial in
+        fallback cost more than its timed steps: requests that speculated fell out of step with the rest,
+        and the batch ended ragged (replays of the demo at concurrency 4: 0.92 of plain decoding's speed
+        with such trials, 0.97 without, where trial values read positive); the spaced probes keep
+        speculation's figure there."""
         if step < self.trial_step + self.opt.probe_every:
             return False
         if self.speculating:
@@ -498,7 +499,8 @@ class DepthController:
             size = len(self.requests) + 1 if batch is None else max(batch, 1)
             if plain_next and 2 * (size - len(self.requests)) >= size and self._arrival_trial_due(self.steps + 1, size):
                 plain_next = False  # new requests, half the batch or more: their trial may start with their prompts
-            elif self.speculating and not self._in_trial(self.steps + 1) and self.speculation_measured_faster(size) is False:
+            elif (self.speculating and not self._in_trial(self.steps + 1)
+                  and self.speculation_measured_faster(size) is False):
                 # the next choice falls back (no arrival trial where speculation measured slower): drafting over
                 # the prompt would be for nothing (at concurrency 16 here, a third of the prefill step's time)
                 plain_next = True
@@ -544,7 +546,8 @@ class DepthController:
         arrival = 2 * sum(rid not in self.requests for rid in req_ids) >= len(req_ids) and \
             self._arrival_trial_due(self.steps, len(req_ids))
         # a batch size other than the one fallback began at, where speculation measured faster: probed now
-        moved = not self.speculating and bucket != self.fallback_bucket and self.speculation_measured_faster(len(req_ids))
+        moved = (not self.speculating and bucket != self.fallback_bucket
+                 and self.speculation_measured_faster(len(req_ids)))
         probe = not self.speculating and (self.steps >= self.next_probe or smaller or moved)
         trial = probe or arrival
         if trial:  # speculation runs at the model's K until its speed is timed afresh

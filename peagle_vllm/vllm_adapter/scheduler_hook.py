@@ -99,7 +99,8 @@ def _wrap_schedule(original):
             # with plain_next, requests with a gap (at K=0 since) draft only when seeded
             self._peagle_plain_next = plain = ctrl.plain_next()
             if not plain or any(self._peagle_seeded_ids.values()):
-                self._peagle_gaps.rewind(self, lambda rid: self._peagle_seeded(rid) or not plain and ctrl.reservation(rid) > 0)
+                self._peagle_gaps.rewind(self, lambda rid: self._peagle_seeded(rid)
+                                         or not plain and ctrl.reservation(rid) > 0)
         out = original(self, *args, **kwargs)
         if ctrl is None:
             return out

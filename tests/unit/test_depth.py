@@ -523,8 +523,8 @@ def test_one_request_on_floats_chooses_as_the_batch_arithmetic_does() -> None:
         for _ in range(30):
             k = int(rng.integers(1, 17))
             ctrl.observe(["r"], [k], [int(rng.integers(0, k + 1))])
-            ctrl.observe_step(Step(tokens=1 + k, draft_rows=int(rng.integers(1, 33)), seconds=float(rng.uniform(4e-3, 2e-2)),
-                                   emitted=1, verified=k))
+            ctrl.observe_step(Step(tokens=1 + k, draft_rows=int(rng.integers(1, 33)),
+                                   seconds=float(rng.uniform(4e-3, 2e-2)), emitted=1, verified=k))
             ctrl.observe_step(Step(tokens=1, draft_rows=0, seconds=float(rng.uniform(3e-3, 6e-3)), emitted=1))
         curve = ctrl._one_curve("r")
         assert curve == ctrl._accept_curves(["r"])[0].tolist()
@@ -543,8 +543,9 @@ def _steps(ctrl: DepthController, ids: list[str], steps: int, plain_s: float, sp
         ks = ctrl.choose(ids, caps)
         ctrl.observe(ids, ks, ks)
         depth, verified = max(caps), sum(ks)
-        ctrl.observe_step(Step(tokens=len(ids) + verified, draft_rows=depth * len(ids), seconds=spec_s if depth else plain_s,
-                               requests=len(ids), emitted=len(ids) + verified, verified=verified))
+        ctrl.observe_step(Step(tokens=len(ids) + verified, draft_rows=depth * len(ids),
+                               seconds=spec_s if depth else plain_s, requests=len(ids), emitted=len(ids) + verified,
+                               verified=verified))
         drafted.append(verified)
     return drafted
 
