@@ -348,6 +348,9 @@ class DepthController:
         batch: only like is compared with like; the nearest measured bucket stands in until this one
         is, the larger of two as near: speculation gains less at larger batches, and a wrong
         speculation costs more than a wrong fallback); None before both are measured."""
+        own = self.speeds.get(_bucket(batch))
+        if own is not None and own[0].value is not None and own[1].value is not None:
+            return own  # the nearest (asked for at every step, in fallback too)
         measured = [b for b, (p, s) in self.speeds.items() if p.value is not None and s.value is not None]
         if not measured:
             return None
@@ -543,8 +546,8 @@ class DepthController:
         kmax = self.opt.max_k
         bucket = _bucket(len(req_ids))
         smaller = bucket < min(self.tried, default=bucket + 1)  # speculation gains most at small batches
-        arrival = 2 * sum(rid not in self.requests for rid in req_ids) >= len(req_ids) and \
-            self._arrival_trial_due(self.steps, len(req_ids))
+        arrival = self._arrival_trial_due(self.steps, len(req_ids)) and \
+            2 * sum(rid not in self.requests for rid in req_ids) >= len(req_ids)
         # a batch size other than the one fallback began at, where speculation measured faster: probed now
         moved = (not self.speculating and bucket != self.fallback_bucket
                  and self.speculation_measured_faster(len(req_ids)))
