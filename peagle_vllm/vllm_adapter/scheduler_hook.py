@@ -21,6 +21,9 @@
 - `make_stats`: the K chosen per request, steps without a draft and the draft time measured in the
   worker ride to the front end in vLLM's per-step SchedulerStats (`metrics_hook` takes them out
   again before vLLM's loggers read it), for any p_eagle scheduler, fixed K included.
+- `EngineCore.post_step`: after a step that ran no draft (depth 0) the worker holds no draft token ids,
+  so they are not asked for: under multiprocessing (a server) that is a round trip to the worker
+  process per step, which a no-spec engine does not make.
 Synchronous scheduling only (vLLM's CPU backend forces it); under async scheduling drafts reach the
 runner directly, so K stays fixed (warned at startup) and every request reserves K_max lookahead.
 """
@@ -108,7 +111,9 @@ def _wrap_schedule(original):
             setattr(out, rollback_hook.COUNTS_ATTR, self._peagle_block_counts)
             self._peagle_block_counts = {}
         reserved = [self._peagle_reserved.get(rid, ctrl.opt.max_k) for rid in out.num_scheduled_tokens]
-        setattr(out, DRAFT_DEPTH_ATTR, max(reserved, default=ctrl.opt.max_k))
+        depth = max(reserved, default=ctrl.opt.max_k)
+        setattr(out, DRAFT_DEPTH_ATTR, depth)
+        setattr(self, DRAFT_DEPTH_ATTR, depth)  # for post_step
         return out
 
     return schedule
@@ -240,9 +245,20 @@ def _wrap_make_stats(original):
     return make_stats
 
 
+def _wrap_post_step(original):
+    @functools.wraps(original)
+    def post_step(self, model_executed: bool) -> None:
+        if getattr(self.scheduler, DRAFT_DEPTH_ATTR, None) == 0:
+            return  # no draft ran: the worker has no draft token ids to give (see the module's doc)
+        return original(self, model_executed)
+
+    return post_step
+
+
 def patch() -> None:
-    """Wraps the five Scheduler methods once."""
+    """Wraps the five Scheduler methods and EngineCore.post_step once."""
     from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core import EngineCore
 
     if getattr(Scheduler.__init__, "__peagle_patched__", False):
         return
@@ -255,3 +271,4 @@ def patch() -> None:
         wrapped = wrap(getattr(Scheduler, name))
         wrapped.__peagle_patched__ = True
         setattr(Scheduler, name, wrapped)
+    EngineCore.post_step = _wrap_post_step(EngineCore.post_step)

@@ -1,6 +1,7 @@
 """A step in full fallback (adaptive depth, every request at K=0, nothing to verify) runs on vLLM's own
 no-speculation path: no spec-decode metadata (vLLM's speculative path builds it on every step, drafts
-or none), no rejection sampler, no drafter; outputs stay those of plain decoding."""
+or none), no rejection sampler, no drafter, no request for draft token ids; outputs stay those of plain
+decoding."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def test_a_step_in_fallback_skips_the_speculative_machinery(tiny, monkeypatch) -
     # the spies' teardown would otherwise put back the unwrapped methods, and later engines run without them
     register()
 
-    seen = {"plain steps": 0, "speculative steps": 0, "spec metadata": 0, "rejection sampler": 0, "draft": 0}
+    seen = {"plain steps": 0, "speculative steps": 0, "spec metadata": 0, "rejection sampler": 0, "draft": 0,
+            "drafts asked for": 0}
 
     def spy(cls, name: str, key: str, count_plain: bool) -> None:
         original = getattr(cls, name)
@@ -47,6 +49,9 @@ def test_a_step_in_fallback_skips_the_speculative_machinery(tiny, monkeypatch) -
     spy(GPUModelRunner, "_calc_spec_decode_metadata", "spec metadata", True)
     spy(PEagleRejectionSampler, "forward", "rejection sampler", True)
     spy(PEagleProposer, "propose", "draft", True)
+    # after a step without a draft the engine core does not ask the worker for draft token ids (in a server,
+    # a round trip to the worker process that a no-spec engine does not make)
+    spy(GPUModelRunner, "take_draft_token_ids", "drafts asked for", True)
 
     prompts = [f"def f{i}(x):\n" + "    return x\n" * (i % 3) for i in range(4)]
     plain = make_llm(str(tiny["target"]), None)
@@ -59,4 +64,5 @@ def test_a_step_in_fallback_skips_the_speculative_machinery(tiny, monkeypatch) -
     finally:
         close_llm(llm)
     assert seen["plain steps"] > 40 and seen["speculative steps"] > 0, seen  # of some 64 steps; the opening trial
-    assert seen["spec metadata"] == seen["rejection sampler"] == seen["draft"] == 0, seen
+    speculative_machinery = ("spec metadata", "rejection sampler", "draft", "drafts asked for")
+    assert all(seen[key] == 0 for key in speculative_machinery), seen
