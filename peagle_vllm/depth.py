@@ -497,7 +497,7 @@ class DepthController:
         waiting requests, up to its limit; by default the requests seen so far and this one)."""
         s = self.requests.get(req_id)
         last = self.typical_k if s is None or s.last_k is None else s.last_k
-        plain_next = last == 0 and not self.speculating and self.steps + 1 < self.next_probe
+        plain_next = last == 0 and self._fallback_next()
         if s is None:
             size = len(self.requests) + 1 if batch is None else max(batch, 1)
             if plain_next and 2 * (size - len(self.requests)) >= size and self._arrival_trial_due(self.steps + 1, size):
@@ -513,11 +513,15 @@ class DepthController:
             return int(min(self.opt.max_k, max(self.spec_k, self.opt.probe_k, self.opt.min_k)))
         return self._lookahead(last)
 
+    def _fallback_next(self) -> bool:
+        """In fallback, with no probe due at the next step."""
+        return not self.speculating and self.steps + 1 < self.next_probe
+
     def plain_next(self) -> bool:
         """Whether every request at K=0 now is reserved nothing for the next step, as `reservation` says for
         each (exploring, or in fallback with no probe due, and `min_k` 0): the engine, which asks for a
         reservation per request and step, need not ask then."""
-        return self.opt.min_k == 0 and (self.plain_forced or not self.speculating and self.steps + 1 < self.next_probe)
+        return self.opt.min_k == 0 and (self.plain_forced or self._fallback_next())
 
     def _lookahead(self, k: int) -> int:
         """Drafts reserved for a request whose K is now k (> 0): up to twice as many, so that K can grow

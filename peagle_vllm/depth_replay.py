@@ -5,7 +5,7 @@ the offline benchmark, with per-step noise and a slow drift of the machine's spe
 Why: on this machine the same benchmark cell varies by 40-60% between rounds, so a change to the
 controller worth a few percent cannot be seen in engine runs of any affordable length; a replay sees it
 in seconds, with the noise under control, and reproduces the measured ratios (adaptive against plain
-decoding and the fixed K) to a few percent. Besides the table, measured in the engine (session 10): a
+decoding and the fixed K) to a few percent. Besides the table, measured in the engine: a
 prompt token's cost, the head's cost per prompt token in a step that drafts, and the adaptive engine's
 hooks per step (its scheduler hooks and the controller).
 

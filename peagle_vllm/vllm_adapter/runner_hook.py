@@ -7,8 +7,8 @@ kept for the proposer, and, as a test aid, stale KV is poisoned. And `sample_tok
 output carries the draft time to the scheduler (which sends it on to the front end's metrics).
 A plain step (adaptive depth: nothing to verify and no draft to follow, every request in fallback)
 runs `execute_model` and `sample_tokens` with the runner's speculative config set aside, i.e. on
-vLLM's own no-speculation path: no spec-decode metadata, vLLM's plain sampler, no drafter, no
-draft token ids for the scheduler (`take_draft_token_ids` gives none after any depth-0 step).
+vLLM's own no-speculation path: no spec-decode metadata, vLLM's plain sampler, no drafter (and the
+engine core does not ask for draft token ids after a depth-0 step: `scheduler_hook`'s post_step).
 """
 
 from __future__ import annotations
@@ -99,15 +99,6 @@ def _wrap_execute_model(original):
     return execute_model
 
 
-def _wrap_take_drafts(original):
-    @functools.wraps(original)
-    def take_draft_token_ids(self):
-        """None after a depth-0 step: no request drafted (the scheduler counts the step as a K=0 choice)."""
-        return None if getattr(self, "peagle_draft_depth", None) == 0 else original(self)
-
-    return take_draft_token_ids
-
-
 def _wrap_sample_tokens(original):
     @functools.wraps(original)
     def sample_tokens(self, *args, **kwargs):
@@ -127,7 +118,7 @@ def _wrap_sample_tokens(original):
 
 
 def patch() -> None:
-    """Wraps GPUModelRunner.__init__, _update_states, execute_model, sample_tokens, take_draft_token_ids
+    """Wraps GPUModelRunner.__init__, _update_states, execute_model, sample_tokens
     and _input_fits_in_drafter once."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -137,6 +128,5 @@ def patch() -> None:
     GPUModelRunner._update_states = _wrap_update_states(GPUModelRunner._update_states)
     GPUModelRunner.execute_model = _wrap_execute_model(GPUModelRunner.execute_model)
     GPUModelRunner.sample_tokens = _wrap_sample_tokens(GPUModelRunner.sample_tokens)
-    GPUModelRunner.take_draft_token_ids = _wrap_take_drafts(GPUModelRunner.take_draft_token_ids)
     if hasattr(GPUModelRunner, "_input_fits_in_drafter"):  # else the proposer returns empty drafts itself
         GPUModelRunner._input_fits_in_drafter = _wrap_input_fits(GPUModelRunner._input_fits_in_drafter)

@@ -16,8 +16,8 @@
   feed the controller; finished requests are forgotten; every 10 s a `p_eagle depth:` line logs the
   controller's regime, its probe interval, the fitted step costs, the blocks released early and the
   tokens computed again for the head.
-  After a depth-0 step no draft token ids come (the worker drafted nothing): the controller's choice
-  for that step (K=0 for all) is made here instead.
+  After a depth-0 step no draft token ids come (none were drafted; post_step below does not ask):
+  the controller's choice for that step (K=0 for all) is made here instead.
 - `make_stats`: the K chosen per request, steps without a draft and the draft time measured in the
   worker ride to the front end in vLLM's per-step SchedulerStats (`metrics_hook` takes them out
   again before vLLM's loggers read it), for any p_eagle scheduler, fixed K included.
