@@ -99,9 +99,10 @@ class DepthOptions:
             raise ValueError(f"min_k must lie in 0..max_k ({self.max_k}), got {self.min_k}")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Step:
-    """One engine step as the scheduler saw it."""
+    """One engine step as the scheduler saw it (slots, not frozen: made once per engine step, where a frozen
+    dataclass's construction cost four times as much)."""
 
     tokens: int  # target tokens computed (scheduled)
     draft_rows: int  # draft-head rows run (requests x draft depth; 0: no draft ran)
@@ -117,7 +118,7 @@ class Step:
         return self.tokens == self.requests + self.verified
 
 
-@dataclass
+@dataclass(slots=True)
 class _Speed:
     """Tokens per request-second of one kind of step, from decayed sums (recent steps weigh more)."""
 
@@ -143,7 +144,7 @@ class _Speed:
         return self.seconds / self.steps if self.steps > 0 else None
 
 
-@dataclass
+@dataclass(slots=True)
 class _Stats:
     row: int  # the request's row in the controller's tries/hits tables
     last_k: int | None = None
@@ -547,6 +548,8 @@ class DepthController:
         if not req_ids:
             return []
         self.steps += 1
+        if self._quiet_fallback(req_ids):
+            return self._stay_in_fallback(req_ids)
         kmax = self.opt.max_k
         bucket = _bucket(len(req_ids))
         smaller = bucket < min(self.tried, default=bucket + 1)  # speculation gains most at small batches
@@ -643,8 +646,23 @@ class DepthController:
             k = min(k, cap)
         return [k], 1.0 + (sum(curve[:k]) if k > 0 else 0.0)
 
+    def _quiet_fallback(self, req_ids: list[str]) -> bool:
+        """In fallback with nothing due at this step, so that the rest of `choose` would only keep it there:
+        no probe or trial (none scheduled, no batch smaller than any tried, no arrival trial), and speculation
+        measured slower at about this batch size (neither a tie, nor faster, which would bring the next probe
+        forward, nor unmeasured); trials and explorations run only while speculating. Most steps at larger
+        batches are such steps: checked first, they skip the rest (a step in fallback is the shortest there is)."""
+        if self.speculating or self.steps >= self.next_probe:
+            return False
+        batch = len(req_ids)
+        bucket = _bucket(batch)
+        if bucket < min(self.tried, default=bucket + 1) or self.speculation_measured_faster(batch) is not False:
+            return False
+        return not (self._arrival_trial_due(self.steps, batch)
+                    and 2 * sum(rid not in self.requests for rid in req_ids) >= batch)
+
     def _stay_in_fallback(self, req_ids: list[str]) -> list[int]:
-        """`choose` for a batch in fallback with no probe due: K=0 for all, nothing to weigh."""
+        """`choose` for a batch in fallback with nothing due: K=0 for all, nothing to weigh."""
         self.plain_left, self.plain_forced = 0, False
         requests = self.requests
         for rid in req_ids:

@@ -51,13 +51,13 @@ ENGINE_PREFIX = "peagle:"  # keys of engine-side figures inside the stats messag
 @dataclass
 class EngineFigures:
     """Figures only the engine core knows (the K chosen per request, steps in fallback, draft forward
-    time), summed per step and drained into vLLM's per-step stats message for the front end. Whole
-    numbers only: the message's dict that carries them is typed dict[str, int]."""
+    times), summed over steps and drained into vLLM's per-step stats message for the front end (every
+    CARRY_EVERY_S, see scheduler_hook). Whole numbers only: the message's dict that carries them is typed
+    dict[str, int]; each draft forward's time rides under its own key, so the histogram gets every one."""
 
     chosen_k: dict[int, int] = field(default_factory=dict)  # K -> request-steps given that K
     steps_without_draft: int = 0  # every scheduled request in fallback: the head did not run
-    draft_forwards: int = 0
-    draft_us: int = 0  # draft forward time, microseconds
+    draft_us: list[int] = field(default_factory=list)  # each draft forward's time, microseconds
 
     def add_choices(self, ks: list[int]) -> None:
         if not any(ks):  # a step in fallback (most steps at larger batches): one count
@@ -67,24 +67,23 @@ class EngineFigures:
             self.chosen_k[k] = self.chosen_k.get(k, 0) + n
 
     def add(self, other: EngineFigures) -> None:
-        """Sums another step's figures into these."""
+        """Sums other figures into these."""
         for k, n in other.chosen_k.items():
             self.chosen_k[k] = self.chosen_k.get(k, 0) + n
         self.steps_without_draft += other.steps_without_draft
-        self.draft_forwards += other.draft_forwards
-        self.draft_us += other.draft_us
+        self.draft_us.extend(other.draft_us)
 
     def add_draft(self, forwards: int, seconds: float) -> None:
-        self.draft_forwards += forwards
-        self.draft_us += round(1e6 * seconds)
+        """A step's draft time, `forwards` forwards in `seconds` (each counted at their mean)."""
+        self.draft_us.extend([round(1e6 * seconds / forwards)] * forwards if forwards else [])
 
     def drain(self) -> dict[str, int]:
         """The figures since the last drain as `peagle:`-prefixed keys (empty when nothing happened); resets."""
         out = {f"{ENGINE_PREFIX}k={k}": n for k, n in sorted(self.chosen_k.items())}
-        for name in ("steps_without_draft", "draft_forwards", "draft_us"):
-            if value := getattr(self, name):
-                out[ENGINE_PREFIX + name] = value
-        self.chosen_k, self.steps_without_draft, self.draft_forwards, self.draft_us = {}, 0, 0, 0
+        if self.steps_without_draft:
+            out[ENGINE_PREFIX + "steps_without_draft"] = self.steps_without_draft
+        out.update((f"{ENGINE_PREFIX}draft_us.{i}", us) for i, us in enumerate(self.draft_us))
+        self.chosen_k, self.steps_without_draft, self.draft_us = {}, 0, []
         return out
 
     @classmethod
@@ -99,6 +98,8 @@ class EngineFigures:
             name = key.removeprefix(ENGINE_PREFIX)
             if name.startswith("k="):
                 fig.chosen_k[int(name[2:])] = value
+            elif name.startswith("draft_us."):
+                fig.draft_us.append(value)
             else:
                 setattr(fig, name, value)
         return fig

@@ -109,8 +109,8 @@ class _PromState:
             c["fallbacks"].inc(fig.chosen_k[0])
         if fig.steps_without_draft:
             c["steps_without_draft"].inc(fig.steps_without_draft)
-        for _ in range(fig.draft_forwards):  # one forward per step: the mean of the step is each one's time
-            c["draft_seconds"].observe(fig.draft_us / fig.draft_forwards / 1e6)
+        for us in fig.draft_us:
+            c["draft_seconds"].observe(us / 1e6)
 
 
 class _LogState:
@@ -125,12 +125,12 @@ class _LogState:
         """Chosen K, fallbacks and draft time since the last line (then reset); empty when none came."""
         fig = self.since_log
         chosen = sum(fig.chosen_k.values())
-        if not chosen and not fig.draft_forwards:
+        if not chosen and not fig.draft_us:
             return ""
         mean_k = sum(k * n for k, n in fig.chosen_k.items()) / max(chosen, 1)
         line = (f", chosen K mean {mean_k:.2f} ({fig.chosen_k.get(0, 0) / max(chosen, 1):.0%} in fallback), "
                 f"steps without a draft: {fig.steps_without_draft}, draft time "
-                f"{fig.draft_us / 1e3 / max(fig.draft_forwards, 1):.2f} ms x {fig.draft_forwards}")
+                f"{sum(fig.draft_us) / 1e3 / max(len(fig.draft_us), 1):.2f} ms x {len(fig.draft_us)}")
         fig.drain()
         return line
 

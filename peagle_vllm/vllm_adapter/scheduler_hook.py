@@ -11,16 +11,18 @@
   of released requests, and the most drafts any scheduled request may get next, ride to the worker
   on the SchedulerOutput (the proposer drafts only that deep; at 0, a batch in fallback, no draft
   runs and the step costs what plain decoding costs).
-- The KV manager's allocate_slots reserves each request's draft-head lookahead for its own K.
+- The KV manager's allocate_slots reserves each request's draft-head lookahead for its own K (in steady
+  fallback, where no request may draft and none waits to join, vLLM's own runs, without lookahead).
 - `update_from_output`: accepted counts per request and the step's time, token count and draft rows
   feed the controller; finished requests are forgotten; every 10 s a `p_eagle depth:` line logs the
   controller's regime, its probe interval, the fitted step costs, the blocks released early and the
   tokens computed again for the head.
   After a depth-0 step no draft token ids come (none were drafted; post_step below does not ask):
   the controller's choice for that step (K=0 for all) is made here instead.
-- `make_stats`: the K chosen per request, steps without a draft and the draft time measured in the
+- `make_stats`: the K chosen per request, steps without a draft and the draft times measured in the
   worker ride to the front end in vLLM's per-step SchedulerStats (`metrics_hook` takes them out
-  again before vLLM's loggers read it), for any p_eagle scheduler, fixed K included.
+  again before vLLM's loggers read it), for any p_eagle scheduler, fixed K included: those of the last
+  CARRY_EVERY_S at a time, and all of them when the engine holds no more requests.
 - `EngineCore.post_step`: after a step that ran no draft (depth 0) the worker holds no draft token ids,
   so they are not asked for: under multiprocessing (a server) that is a round trip to the worker
   process per step, which a no-spec engine does not make.
@@ -44,6 +46,9 @@ logger = logging.getLogger(LOGGER_NAME)
 ATTR = "_peagle_depth"
 SAMPLING_EPS = 1e-5  # vLLM's greedy threshold on temperature
 LOG_EVERY_S = 10.0  # like vLLM's own periodic stats line
+# our engine figures ride to the front end this often, and when the engine empties (a run's figures are then
+# complete): every step, taking them out and counting them cost 0.1 ms a step, 1% of a plain step at c=4 here
+CARRY_EVERY_S = 0.25
 DRAFT_DEPTH_ATTR = "peagle_draft_depth"  # SchedulerOutput attribute: drafts any scheduled request may get
 DRAFT_TIME_ATTR = "peagle_draft_time"  # ModelRunnerOutput attribute: (draft runs, seconds) of the step
 FIGURES_ATTR = "_peagle_figures"
@@ -59,6 +64,7 @@ def _wrap_init(original):
         if spec is not None and is_marked(spec):
             opts = mark_of(spec)["options"]
             setattr(self, FIGURES_ATTR, EngineFigures())
+            self._peagle_carried = 0.0  # when the figures last rode to the front end (see make_stats)
             if opts.get("adaptive", True) and self.scheduler_config.async_scheduling:
                 logger.warning("p_eagle: adaptive depth needs synchronous scheduling (drafts pass through the "
                                "scheduler); with async scheduling K stays fixed at %d. Pass "
@@ -98,20 +104,24 @@ def _wrap_schedule(original):
     @functools.wraps(original)
     def schedule(self, *args, **kwargs):
         ctrl: DepthController | None = getattr(self, ATTR, None)
-        if ctrl is not None:
-            # with plain_next, requests with a gap (at K=0 since) draft only when seeded
-            self._peagle_plain_next = plain = ctrl.plain_next()
-            if not plain or any(self._peagle_seeded_ids.values()):
-                self._peagle_gaps.rewind(self, lambda rid: self._peagle_seeded(rid)
-                                         or not plain and ctrl.reservation(rid) > 0)
-        out = original(self, *args, **kwargs)
         if ctrl is None:
-            return out
+            return original(self, *args, **kwargs)
+        # with plain_next, requests with a gap (at K=0 since) draft only when seeded
+        self._peagle_plain_next = plain = ctrl.plain_next()
+        seeded = any(self._peagle_seeded_ids.values())
+        if not plain or seeded:
+            self._peagle_gaps.rewind(self, lambda rid: self._peagle_seeded(rid)
+                                     or not plain and ctrl.reservation(rid) > 0)
+        reserved = self._peagle_reserved
+        if (plain and not seeded and not self.get_request_counts()[1]
+                and all(reserved.get(r.request_id) == 0 for r in self.running)):
+            out = rollback_hook.schedule_without_lookahead(self, original, args, kwargs)
+        else:
+            out = original(self, *args, **kwargs)
         if self._peagle_block_counts:
             setattr(out, rollback_hook.COUNTS_ATTR, self._peagle_block_counts)
             self._peagle_block_counts = {}
-        reserved = [self._peagle_reserved.get(rid, ctrl.opt.max_k) for rid in out.num_scheduled_tokens]
-        depth = max(reserved, default=ctrl.opt.max_k)
+        depth = max((reserved.get(rid, ctrl.opt.max_k) for rid in out.num_scheduled_tokens), default=ctrl.opt.max_k)
         setattr(out, DRAFT_DEPTH_ATTR, depth)
         setattr(self, DRAFT_DEPTH_ATTR, depth)  # for post_step
         return out
@@ -188,42 +198,20 @@ def _wrap_update_from_output(original):
     @functools.wraps(original)
     def update_from_output(self, scheduler_output, model_runner_output):
         figures: EngineFigures | None = getattr(self, FIGURES_ATTR, None)
+        drafted = getattr(scheduler_output, DRAFT_DEPTH_ATTR, None) != 0  # depth 0: no draft ran
         if figures is not None:
-            figures.add_draft(*getattr(model_runner_output, DRAFT_TIME_ATTR, (0, 0.0)))
-            if getattr(scheduler_output, DRAFT_DEPTH_ATTR, None) == 0 and scheduler_output.total_num_scheduled_tokens:
+            if drafted:
+                figures.add_draft(*getattr(model_runner_output, DRAFT_TIME_ATTR, (0, 0.0)))
+            elif scheduler_output.total_num_scheduled_tokens:
                 figures.steps_without_draft += 1
         ctrl: DepthController | None = getattr(self, ATTR, None)
         if ctrl is not None:
-            now = time.perf_counter()
-            if self._peagle_last_step is not None and scheduler_output.total_num_scheduled_tokens:
-                ctrl.observe_step(_step(scheduler_output, model_runner_output, now - self._peagle_last_step,
-                                        ctrl.opt.max_k))
-            self._peagle_last_step = now
-            if now - self._peagle_last_log >= LOG_EVERY_S:
-                self._peagle_last_log = now
-                line = ctrl.summary()
-                if line:
-                    logger.info("p_eagle depth: %s; KV blocks released early: %d; head catch-up tokens: %d", line,
-                                self.peagle_blocks_released, self._peagle_gaps.caught_up)
-            index = model_runner_output.req_id_to_index
-            sampled = model_runner_output.sampled_token_ids
-            verified = [(req_id, len(drafts), max(len(sampled[i]) - 1, 0))  # (request, drafts, accepted)
-                        for req_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items()
-                        if (i := index.get(req_id)) is not None and i < len(sampled)]
-            if verified:
-                ctrl.observe(*(list(column) for column in zip(*verified)))
-            self._peagle_gaps.note_step(scheduler_output.num_scheduled_tokens,
-                                        drafted=getattr(scheduler_output, DRAFT_DEPTH_ATTR, None) != 0)
-            for req_id in scheduler_output.finished_req_ids:
-                ctrl.forget(req_id)
-                self._peagle_gaps.forget(req_id)
-                self._peagle_reserved.pop(req_id, None)
-                self._peagle_seeded_ids.pop(req_id, None)
-        without_drafts = ctrl is not None and getattr(scheduler_output, DRAFT_DEPTH_ATTR, None) == 0
-        if without_drafts:
-            _choose_without_drafts(self, list(scheduler_output.num_scheduled_tokens), figures)
+            self._peagle_observe(ctrl, scheduler_output, model_runner_output, drafted)
+            if not drafted:
+                _choose_without_drafts(self, list(scheduler_output.num_scheduled_tokens), figures)
         out = original(self, scheduler_output, model_runner_output)
-        if without_drafts:  # every reservation was 0: only rejected drafts can have left blocks behind
+        if ctrl is not None and not drafted and scheduler_output.scheduled_spec_decode_tokens:
+            # every reservation was 0: only rejected drafts can have left blocks behind
             self._peagle_release_surplus(list(scheduler_output.scheduled_spec_decode_tokens))
         if ctrl is not None and not self.requests:
             self._peagle_last_step = None  # idle time between requests is no step cost
@@ -232,14 +220,47 @@ def _wrap_update_from_output(original):
     return update_from_output
 
 
+def _observe(self, ctrl: DepthController, scheduler_output, model_runner_output, drafted: bool) -> None:
+    """The finished step for the controller: its time, tokens and draft rows, each request's accepted drafts;
+    then the head's gaps and finished requests; and the periodic `p_eagle depth:` log line."""
+    now = time.perf_counter()
+    if self._peagle_last_step is not None and scheduler_output.total_num_scheduled_tokens:
+        ctrl.observe_step(_step(scheduler_output, model_runner_output, now - self._peagle_last_step, ctrl.opt.max_k))
+    self._peagle_last_step = now
+    if now - self._peagle_last_log >= LOG_EVERY_S:
+        self._peagle_last_log = now
+        line = ctrl.summary()
+        if line:
+            logger.info("p_eagle depth: %s; KV blocks released early: %d; head catch-up tokens: %d", line,
+                        self.peagle_blocks_released, self._peagle_gaps.caught_up)
+    if scheduler_output.scheduled_spec_decode_tokens:
+        index = model_runner_output.req_id_to_index
+        sampled = model_runner_output.sampled_token_ids
+        verified = [(req_id, len(drafts), max(len(sampled[i]) - 1, 0))  # (request, drafts, accepted)
+                    for req_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items()
+                    if (i := index.get(req_id)) is not None and i < len(sampled)]
+        if verified:
+            ctrl.observe(*(list(column) for column in zip(*verified)))
+    self._peagle_gaps.note_step(scheduler_output.num_scheduled_tokens, drafted=drafted)
+    for req_id in scheduler_output.finished_req_ids:
+        ctrl.forget(req_id)
+        self._peagle_gaps.forget(req_id)
+        self._peagle_reserved.pop(req_id, None)
+        self._peagle_seeded_ids.pop(req_id, None)
+
+
 def _wrap_make_stats(original):
     @functools.wraps(original)
     def make_stats(self, *args, **kwargs):
         stats = original(self, *args, **kwargs)
         figures: EngineFigures | None = getattr(self, FIGURES_ATTR, None)
+        if figures is None or stats is None:
+            return stats
+        now = time.perf_counter()
         carrier = getattr(stats, CARRIER_FIELD, None)
-        if figures is not None and isinstance(carrier, dict):
+        if isinstance(carrier, dict) and (now - self._peagle_carried >= CARRY_EVERY_S or not self.requests):
             carrier.update(figures.drain())
+            self._peagle_carried = now
         return stats
 
     return make_stats
@@ -265,6 +286,7 @@ def patch() -> None:
     Scheduler._peagle_seeded = _is_seeded
     Scheduler._peagle_lookahead = _lookahead
     Scheduler._peagle_release_surplus = _release_surplus
+    Scheduler._peagle_observe = _observe
     for name, wrap in (("__init__", _wrap_init), ("schedule", _wrap_schedule),
                        ("update_draft_token_ids", _wrap_update_drafts), ("update_from_output", _wrap_update_from_output),
                        ("make_stats", _wrap_make_stats)):

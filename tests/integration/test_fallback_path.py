@@ -1,11 +1,12 @@
 """A step in full fallback (adaptive depth, every request at K=0, nothing to verify) runs on vLLM's own
 no-speculation path: no spec-decode metadata (vLLM's speculative path builds it on every step, drafts
-or none), no rejection sampler, no drafter, no request for draft token ids; outputs stay those of plain
-decoding."""
+or none), no rejection sampler, no drafter, no request for draft token ids, no draft lookahead in the KV
+allocation; outputs stay those of plain decoding."""
 
 from __future__ import annotations
 
 from peagle_vllm.runs import close_llm, make_llm
+from peagle_vllm.vllm_adapter import rollback_hook
 from peagle_vllm.vllm_adapter.runner_hook import PLAIN_STEP_ATTR
 from peagle_vllm.vllm_adapter.sampler import PEagleRejectionSampler
 
@@ -52,6 +53,15 @@ def test_a_step_in_fallback_skips_the_speculative_machinery(tiny, monkeypatch) -
     # after a step without a draft the engine core does not ask the worker for draft token ids (in a server,
     # a round trip to the worker process that a no-spec engine does not make)
     spy(GPUModelRunner, "take_draft_token_ids", "drafts asked for", True)
+    # the scheduler then allocates KV without its per-request lookahead wrapper (no request may draft)
+    without_lookahead = rollback_hook.schedule_without_lookahead
+
+    def counted(*args, **kwargs):
+        seen["schedules without lookahead"] += 1
+        return without_lookahead(*args, **kwargs)
+
+    monkeypatch.setattr(rollback_hook, "schedule_without_lookahead", counted)
+    seen["schedules without lookahead"] = 0
 
     prompts = [f"def f{i}(x):\n" + "    return x\n" * (i % 3) for i in range(4)]
     plain = make_llm(str(tiny["target"]), None)
@@ -64,5 +74,6 @@ def test_a_step_in_fallback_skips_the_speculative_machinery(tiny, monkeypatch) -
     finally:
         close_llm(llm)
     assert seen["plain steps"] > 40 and seen["speculative steps"] > 0, seen  # of some 64 steps; the opening trial
+    assert seen["schedules without lookahead"] > 30, seen
     speculative_machinery = ("spec metadata", "rejection sampler", "draft", "drafts asked for")
     assert all(seen[key] == 0 for key in speculative_machinery), seen

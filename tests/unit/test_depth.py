@@ -574,3 +574,23 @@ def test_the_log_line_shows_the_measured_speeds_that_decide() -> None:
     ctrl.observe_step(Step(tokens=1, draft_rows=0, seconds=0.01, requests=1, emitted=1))
     line = ctrl.summary()
     assert "4-7: 100/33" in line and "1-1: -/-" in line, line
+
+
+def test_quiet_fallback_steps_choose_what_the_full_weighing_chooses(monkeypatch) -> None:
+    """Most steps in fallback skip `choose`'s weighing (`_quiet_fallback`): the same traffic, with noise,
+    prefills, changing batches and requests of differing acceptance, gets the same choices without the skip,
+    and most of its steps in fallback took it."""
+    check = DepthController._quiet_fallback
+    taken: list[bool] = []
+
+    def counted(self, req_ids):
+        taken.append(check(self, req_ids))
+        return taken[-1]
+
+    monkeypatch.setattr(DepthController, "_quiet_fallback", counted)
+    waves = simulate_waves(alpha=0.6, draft_overhead=1.2, batches=[16, 1, 4, 16, 64, 1, 16, 4])
+    one = simulate_requests([0.1, 0.9, 0.2, 0.3, 0.95, 0.1] * 4, draft_overhead=1.5)
+    assert sum(taken) > 0.7 * len(taken) > 300
+    monkeypatch.setattr(DepthController, "_quiet_fallback", lambda self, req_ids: False)
+    assert simulate_waves(alpha=0.6, draft_overhead=1.2, batches=[16, 1, 4, 16, 64, 1, 16, 4]) == waves
+    assert simulate_requests([0.1, 0.9, 0.2, 0.3, 0.95, 0.1] * 4, draft_overhead=1.5) == one
