@@ -552,9 +552,8 @@ class DepthController:
             return self._stay_in_fallback(req_ids)
         kmax = self.opt.max_k
         bucket = _bucket(len(req_ids))
-        smaller = bucket < min(self.tried, default=bucket + 1)  # speculation gains most at small batches
-        arrival = self._arrival_trial_due(self.steps, len(req_ids)) and \
-            2 * sum(rid not in self.requests for rid in req_ids) >= len(req_ids)
+        smaller = self._smaller_than_tried(bucket)
+        arrival = self._arrival_trial(req_ids)
         # a batch size other than the one fallback began at, where speculation measured faster: probed now
         moved = (not self.speculating and bucket != self.fallback_bucket
                  and self.speculation_measured_faster(len(req_ids)))
@@ -654,12 +653,18 @@ class DepthController:
         batches are such steps: checked first, they skip the rest (a step in fallback is the shortest there is)."""
         if self.speculating or self.steps >= self.next_probe:
             return False
-        batch = len(req_ids)
-        bucket = _bucket(batch)
-        if bucket < min(self.tried, default=bucket + 1) or self.speculation_measured_faster(batch) is not False:
+        if self._smaller_than_tried(_bucket(len(req_ids))) or self.speculation_measured_faster(len(req_ids)) is not False:
             return False
-        return not (self._arrival_trial_due(self.steps, batch)
-                    and 2 * sum(rid not in self.requests for rid in req_ids) >= batch)
+        return not self._arrival_trial(req_ids)
+
+    def _smaller_than_tried(self, bucket: int) -> bool:
+        """The batch is smaller than any where speculation was tried (it gains most at small batches)."""
+        return bucket < min(self.tried, default=bucket + 1)
+
+    def _arrival_trial(self, req_ids: list[str]) -> bool:
+        """A batch made mostly of new requests gets an arrival trial at this step (see `_arrival_trial_due`)."""
+        return self._arrival_trial_due(self.steps, len(req_ids)) and \
+            2 * sum(rid not in self.requests for rid in req_ids) >= len(req_ids)
 
     def _stay_in_fallback(self, req_ids: list[str]) -> list[int]:
         """`choose` for a batch in fallback with nothing due: K=0 for all, nothing to weigh."""

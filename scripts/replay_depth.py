@@ -28,7 +28,10 @@ from peagle_vllm.depth_replay import HEAD_PROMPT_MS_PER_TOKEN, Noise, Request, S
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "results" / "depth-replay"
 RUNS = OUT / "acceptance_runs.json"
-BENCH = REPO / "results" / "bench-adaptive" / "bench.json"
+# the offline benchmark the step costs come from: results/bench-adaptive/bench.json of 3f9afe7 (session 10,
+# 11 rounds), kept as a copy so that a later benchmark run, in a noisier spell of the machine, does not move
+# the replay's costs unnoticed (replays before and after a change must price steps alike)
+BENCH = OUT / "bench_costs.json"
 MAX_K = 32
 NEW_TOKENS = 64  # the benchmark's max_tokens
 PROMPT_SETS = {"benchmark prompts": (1, 16), "other prompts": (2, 48)}  # held_out_prompts(n, seed)

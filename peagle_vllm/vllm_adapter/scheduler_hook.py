@@ -206,7 +206,7 @@ def _wrap_update_from_output(original):
                 figures.steps_without_draft += 1
         ctrl: DepthController | None = getattr(self, ATTR, None)
         if ctrl is not None:
-            self._peagle_observe(ctrl, scheduler_output, model_runner_output, drafted)
+            _observe(self, ctrl, scheduler_output, model_runner_output, drafted)
             if not drafted:
                 _choose_without_drafts(self, list(scheduler_output.num_scheduled_tokens), figures)
         out = original(self, scheduler_output, model_runner_output)
@@ -286,7 +286,6 @@ def patch() -> None:
     Scheduler._peagle_seeded = _is_seeded
     Scheduler._peagle_lookahead = _lookahead
     Scheduler._peagle_release_surplus = _release_surplus
-    Scheduler._peagle_observe = _observe
     for name, wrap in (("__init__", _wrap_init), ("schedule", _wrap_schedule),
                        ("update_draft_token_ids", _wrap_update_drafts), ("update_from_output", _wrap_update_from_output),
                        ("make_stats", _wrap_make_stats)):
