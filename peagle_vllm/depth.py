@@ -583,7 +583,7 @@ class DepthController:
             # timed in a slow spell of the machine (both sides must be timed alike); the trial comes early
             self.next_probe = min(self.next_probe, max(self.steps + self.opt.probe_every, self.earliest_probe))
             faster = False
-        if faster is False and not self.speculating:
+        if faster is False and not self.speculating and not self.opt.min_k:
             return self._stay_in_fallback(req_ids)
         # one request (batch 1, where a step is shortest) on floats: numpy's per-call overhead was most of
         # the choice's time there; the same arithmetic in the same order, so the same choices
@@ -649,9 +649,10 @@ class DepthController:
         """In fallback with nothing due at this step, so that the rest of `choose` would only keep it there:
         no probe or trial (none scheduled, no batch smaller than any tried, no arrival trial), and speculation
         measured slower at about this batch size (neither a tie, nor faster, which would bring the next probe
-        forward, nor unmeasured); trials and explorations run only while speculating. Most steps at larger
-        batches are such steps: checked first, they skip the rest (a step in fallback is the shortest there is)."""
-        if self.speculating or self.steps >= self.next_probe:
+        forward, nor unmeasured), with `min_k` 0 (else fallback still drafts min_k); trials and explorations run
+        only while speculating. Most steps at larger batches are such steps: checked first, they skip the rest
+        (a step in fallback is the shortest there is)."""
+        if self.speculating or self.opt.min_k or self.steps >= self.next_probe:
             return False
         if self._smaller_than_tried(_bucket(len(req_ids))) or self.speculation_measured_faster(len(req_ids)) is not False:
             return False
@@ -667,7 +668,7 @@ class DepthController:
             2 * sum(rid not in self.requests for rid in req_ids) >= len(req_ids)
 
     def _stay_in_fallback(self, req_ids: list[str]) -> list[int]:
-        """`choose` for a batch in fallback with nothing due: K=0 for all, nothing to weigh."""
+        """`choose` for a batch in fallback with nothing due and `min_k` 0: K=0 for all, nothing to weigh."""
         self.plain_left, self.plain_forced = 0, False
         requests = self.requests
         for rid in req_ids:

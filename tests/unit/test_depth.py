@@ -594,3 +594,29 @@ def test_quiet_fallback_steps_choose_what_the_full_weighing_chooses(monkeypatch)
     monkeypatch.setattr(DepthController, "_quiet_fallback", lambda self, req_ids: False)
     assert simulate_waves(alpha=0.6, draft_overhead=1.2, batches=[16, 1, 4, 16, 64, 1, 16, 4]) == waves
     assert simulate_requests([0.1, 0.9, 0.2, 0.3, 0.95, 0.1] * 4, draft_overhead=1.5) == one
+
+
+@pytest.mark.parametrize("min_k", [1, 2])
+def test_fallback_keeps_min_k_drafts(min_k: int) -> None:
+    """With `min_k` set, fallback still gives every request min_k drafts: here plain steps (forced, as the head
+    catch-up test forces them) measure faster than speculation, and the controller falls back."""
+    ctrl = DepthController(DepthOptions(max_k=8, min_k=min_k))
+    ids = ["a", "b", "c", "d"]
+
+    def step(ks: list[int]) -> None:
+        verified = sum(ks)
+        ctrl.observe(ids, ks, ks)
+        ctrl.observe_step(Step(tokens=4 + verified, draft_rows=4 * max(ks), seconds=0.2 if verified else 0.01,
+                               requests=4, emitted=4 + verified, verified=verified))
+
+    for _ in range(40):
+        step(ctrl.choose(ids, [8] * 4))
+    for _ in range(30):  # plain steps, whatever was chosen
+        ctrl.choose(ids, [8] * 4)
+        step([0] * 4)
+    chosen = []
+    for _ in range(100):
+        chosen.append(ctrl.choose(ids, [8] * 4))
+        step(chosen[-1])
+    assert not ctrl.speculating, "the premise: in fallback"
+    assert min(min(ks) for ks in chosen) >= min_k
