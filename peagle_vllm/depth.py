@@ -37,7 +37,8 @@ Trials. Speculation is timed afresh by a trial: it runs at the K the model picks
 `probe_steps` steady steps are timed (the engine's start is one). In fallback a trial comes after
 a number of steps set by what one costs at the measured speeds, switches included: about
 `PROBE_BUDGET` of the time (2% at batch 1, 0.5% beyond; a clear loss is tried less often than a near
-tie, within 1x-64x `probe_every`), and at once when the batch is smaller than any tried so far (a lower load level,
+tie, within 1x-64x `probe_every`; beyond batch 1 each probe in a row lost at the same load doubles that, up to
+8x), and at once when the batch is smaller than any tried so far (a lower load level,
 where speculation gains more) or, at a batch size other than the one fallback began at, speculation measured
 faster there (a ragged end's small batches must not hold back the next full batch). Its drafts start as deep
 as speculation last went. A batch made mostly of new requests gets a trial too while speculating (unless
@@ -80,6 +81,11 @@ REFIT_EVERY = 8  # observations between two solves of the cost fit
 PROBE_BUDGET = (0.02, 0.005)
 VALUE_DECAY = 0.9  # weight of the past in what arrival trials gained, per trial: rare large gains must weigh in
 VALUE_TRIALS = 4  # arrival trials measured before their value may stop them
+# beyond batch 1, each probe in a row that ends in fallback at the same batch-size bucket doubles the next
+# interval, up to 2**MAX_BACKOFF times: a trial there costs more than its own steps (the requests it sped up
+# fall out of step with the rest: in the engine at c=4 a round with a probe ran 5-30% below plain, where its
+# steps alone cost some 3%), and where speculation keeps losing, each probe says so again
+MAX_BACKOFF = 3
 
 
 @dataclass
@@ -277,6 +283,8 @@ class DepthController:
         self.trial_step = 0  # step at which the latest trial began
         # at batch 1: seconds a trial gained, its stretch included (decayed mean), and trials measured
         self.trial_value: tuple[float, int] = (0.0, 0)
+        self.lost_probes: dict[int, int] = {}  # per batch-size bucket beyond 1: probes in a row that ended in fallback
+        self._probing = False  # the current stretch of speculation began with a probe from fallback
         self._stretch: float | None = None  # seconds gained so far by the latest trial at batch 1
 
     def observe(self, req_ids: list[str], num_drafts: list[int], num_accepted: list[int]) -> None:
@@ -391,6 +399,13 @@ class DepthController:
         if lost is None:
             return self.opt.probe_every
         return int(np.clip(lost / budget, self.opt.probe_every, 64 * self.opt.probe_every))
+
+    def _count_lost_probe(self, bucket: int) -> int:
+        """On entering fallback at this bucket: probes in a row there whose trial ended in fallback (this one
+        included when it is one), for the backoff of the next interval (`MAX_BACKOFF`; batch 1 has none)."""
+        lost = self._probing and bucket > 1 and self.steps <= self.probe_until + 1
+        self.lost_probes[bucket] = self.lost_probes.get(bucket, 0) + 1 if lost else 0
+        return min(self.lost_probes[bucket], MAX_BACKOFF)
 
     def _in_trial(self, step: int) -> bool:
         """Whether the current trial still times speculation at `step`."""
@@ -561,7 +576,7 @@ class DepthController:
         trial = probe or arrival
         if trial:  # speculation runs at the model's K until its speed is timed afresh
             self.trial_left, self.probe_until = self.opt.probe_steps, self.steps + 4 * self.opt.probe_steps
-            self.trial_step = self.steps
+            self.trial_step, self._probing = self.steps, probe
             self._close_stretch()
             if len(req_ids) == 1:  # what the trial gains, its stretch of speculation included, is measured
                 self._stretch = 0.0
@@ -598,9 +613,10 @@ class DepthController:
             n = 0
         if self.speculating and n == 0:  # entering fallback: the first probe comes one interval later
             self.fallback_bucket = bucket
-            self.probe_interval = self._fallback_interval(len(req_ids), PROBE_BUDGET[len(req_ids) > 1])
+            backoff = 2 ** self._count_lost_probe(bucket)
+            self.probe_interval = backoff * self._fallback_interval(len(req_ids), PROBE_BUDGET[len(req_ids) > 1])
             # the early probe, when speculation measures faster, comes as soon as at batch 1's budget
-            self.early_interval = self._fallback_interval(len(req_ids), PROBE_BUDGET[0])
+            self.early_interval = backoff * self._fallback_interval(len(req_ids), PROBE_BUDGET[0])
             self._schedule_probe()
             self._close_stretch()
         self.speculating = n > 0

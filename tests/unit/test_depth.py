@@ -620,3 +620,29 @@ def test_fallback_keeps_min_k_drafts(min_k: int) -> None:
         step(chosen[-1])
     assert not ctrl.speculating, "the premise: in fallback"
     assert min(min(ks) for ks in chosen) >= min_k
+
+
+def _probe_gaps(drafted: list[int]) -> list[int]:
+    """Steps between the starts of successive stretches of verification (probes)."""
+    starts = [i for i, v in enumerate(drafted) if v and (i == 0 or not drafted[i - 1])]
+    return [b - a for a, b in zip(starts, starts[1:])]
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_beyond_batch_one_each_probe_lost_in_a_row_doubles_the_interval(batch: int) -> None:
+    """Speculation always loses: beyond batch 1 the gaps between probes double up to 8x (a trial costs more
+    there than its steps); after speculation wins again, a later fallback starts the backoff afresh; at batch 1
+    the gaps stay alike."""
+    ctrl = DepthController(DepthOptions(max_k=4, probe_every=8))
+    ids = [f"r{i}" for i in range(batch)]
+    _steps(ctrl, ids, 20, plain_s=0.01 * batch, spec_s=0.1 * batch)
+    interval = ctrl.probe_interval  # set by the opening trial's fallback (not a probe: no backoff)
+    gaps = _probe_gaps(_steps(ctrl, ids, 13000, plain_s=0.01 * batch, spec_s=0.1 * batch))
+    if batch == 1:
+        assert len(gaps) > 20 and all(abs(g - interval) <= 8 for g in gaps), (gaps, interval)
+        return
+    assert [round(g / interval) for g in gaps] == [2, 4, 8, 8], (gaps, interval)
+    _steps(ctrl, ids, 4200, plain_s=0.01 * batch, spec_s=0.002 * batch)  # the next probe wins
+    assert ctrl.speculating
+    _steps(ctrl, ids, 1200, plain_s=0.01 * batch, spec_s=0.1 * batch)  # an exploration, one probe lost
+    assert ctrl.lost_probes == {3: 1} and ctrl.probe_interval == 2 * interval
