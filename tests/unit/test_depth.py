@@ -646,3 +646,35 @@ def test_beyond_batch_one_each_probe_lost_in_a_row_doubles_the_interval(batch: i
     assert ctrl.speculating
     _steps(ctrl, ids, 1200, plain_s=0.01 * batch, spec_s=0.1 * batch)  # an exploration, one probe lost
     assert ctrl.lost_probes == {3: 1} and ctrl.probe_interval == 2 * interval
+
+
+def _best_count_full_sort(ctrl: DepthController, curves: np.ndarray, speculate: bool) -> tuple[int, np.ndarray]:
+    """`_best_draft_count` weighing every draft (no floor): the reference it must agree with."""
+    b, kmax = curves.shape
+    order = np.argsort(curves.ravel(), kind="stable")[::-1]
+    flat = curves.ravel()[order]
+    depth = np.maximum.accumulate(order % kmax + 1)
+    gain = b + np.concatenate([[0.0], np.cumsum(flat)])
+    tokens = b + np.arange(len(flat) + 1)
+    rows = np.concatenate([[0], b * ctrl._lookahead_of_depth[depth]])
+    speed = gain / np.maximum(ctrl.cost.seconds(tokens, rows), 1e-9)
+    return (1 + int(np.argmax(speed[1:])) if speculate else int(np.argmax(speed))), flat
+
+
+def test_the_best_draft_count_weighs_only_drafts_that_may_count_and_chooses_as_a_full_sort() -> None:
+    """Random acceptance curves (ties, saturated and zero rows included) and cost fits (zero terms included):
+    the same draft count and the same top probabilities as sorting every draft."""
+    rng = np.random.default_rng(3)
+    for trial in range(400):
+        kmax, b = int(rng.choice([4, 8, 32])), int(rng.integers(1, 40))
+        ctrl = DepthController(DepthOptions(max_k=kmax))
+        s = rng.choice([0.0, 1.0], size=3, p=[0.15, 0.85]) * np.array([1e-2, 3e-4, 2e-5]) * rng.uniform(0.2, 5, 3)
+        ctrl.cost._s, ctrl.cost._p0 = s, float(rng.uniform(0.2, 1.5) * 1e-2)
+        ctrl.cost._seen = 0  # the fit is not solved again: these costs stand
+        rates = np.round(rng.uniform(0.0, 1.0, (b, kmax)) ** rng.uniform(0.05, 3), int(rng.integers(1, 4)))
+        rates[rng.random(b) < 0.1] = 1.0
+        curves = np.cumprod(rates, axis=1)
+        for speculate in (True, False):
+            n, flat = ctrl._best_draft_count(curves, speculate)
+            n_ref, flat_ref = _best_count_full_sort(ctrl, curves, speculate)
+            assert n == n_ref and np.array_equal(flat[:n], flat_ref[:n]), (trial, speculate, n, n_ref)
