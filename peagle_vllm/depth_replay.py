@@ -7,7 +7,7 @@ controller worth a few percent cannot be seen in engine runs of any affordable l
 in seconds, with the noise under control, and reproduces the measured ratios (adaptive against plain
 decoding and the fixed K) to a few percent. Besides the table, measured in the engine: a
 prompt token's cost, the head's cost per prompt token in a step that drafts, and the adaptive engine's
-hooks per step (its scheduler hooks and the controller).
+hooks per step (its scheduler hooks, the controller and the front end's share; a share of the step).
 
 Acceptance: `runs[i]` is how many drafts in a row the head gets right when a step starts after the
 request's i-th generated token (greedy; the target's own continuation), so a step verifying k drafts
@@ -31,11 +31,30 @@ from peagle_vllm.depth import DepthController, Step
 # 23 ms beyond the decode step), and the head's in a step that drafts (80 ms more for those 1571, 10 for the 187)
 PREFILL_MS_PER_TOKEN = 0.11
 HEAD_PROMPT_MS_PER_TOKEN = 0.05
-# the adaptive engine's own hooks per step, fixed and per request (timed around vLLM's scheduler methods:
-# 0.15 ms at batch 1 speculating, 0.17 at 16 and 0.32 at 64 in fallback)
-HOOKS_MS = (0.12, 0.003)
+# the adaptive engine's own hooks (scheduler hooks, the controller, the front end's share), as a share of the
+# step by batch size, in steps that draft and in plain ones (fallback): each hook timed in the engine as its
+# wrapper less vLLM's original (session 12). A choice, its acceptance update and the per-request KV bookkeeping
+# run only in steps that draft; in fallback most steps take the quiet path
+HOOKS_SHARE = {"draft": {1: 0.022, 4: 0.036, 16: 0.030, 64: 0.025}, "plain": {1: 0.018, 4: 0.015, 16: 0.011, 64: 0.0062}}
 ROW_FREE = 16  # draft rows per request that cost nothing measurable (K=4 verified, 4..32 rows at c=1:
 ROW_MS = 0.045  # 7.00, 7.21, 7.02, 7.76 ms); each row beyond costs this, per request
+
+
+def hooks_share(batch: int, drafts: bool) -> float:
+    """`HOOKS_SHARE` at this batch size, interpolated on log(batch) (the nearest end's share beyond)."""
+    table = HOOKS_SHARE["draft" if drafts else "plain"]
+    sizes = sorted(table)
+    if batch <= sizes[0] or batch >= sizes[-1]:
+        return table[sizes[0] if batch <= sizes[0] else sizes[-1]]
+    return _between(sizes, batch, table.__getitem__)
+
+
+def _between(sizes: list[int], batch: int, value: Callable[[int], float]) -> float:
+    """value(b) interpolated on log(batch) between the tabulated sizes on either side of `batch`."""
+    hi = bisect_left(sizes, batch)
+    lo = hi - 1
+    f = (math.log(batch) - math.log(sizes[lo])) / (math.log(sizes[hi]) - math.log(sizes[lo]))
+    return value(sizes[lo]) + f * (value(sizes[hi]) - value(sizes[lo]))
 
 
 @dataclass
@@ -55,10 +74,7 @@ class StepCosts:
             return value(sizes[0])
         if batch >= sizes[-1]:
             return value(sizes[-1]) * batch / sizes[-1]
-        hi = bisect_left(sizes, batch)
-        lo = hi - 1
-        f = (math.log(batch) - math.log(sizes[lo])) / (math.log(sizes[hi]) - math.log(sizes[lo]))
-        return value(sizes[lo]) + f * (value(sizes[hi]) - value(sizes[lo]))
+        return _between(sizes, batch, value)
 
     def _extra(self, size: int, x: float) -> float:
         points = self.extra[size]
@@ -142,8 +158,10 @@ def replay(requests: list[Request], concurrency: int, costs: StepCosts, new_toke
             emitted += n
             if not depth:
                 r.missed += n
-        hooks = 0.0 if controller is None else HOOKS_MS[0] + HOOKS_MS[1] * batch
-        step = (costs.step_ms(batch, verified, depth * batch, prompt) + hooks) * noise.factor() / 1e3
+        ms = costs.step_ms(batch, verified, depth * batch, prompt)
+        if controller is not None:
+            ms *= 1.0 + hooks_share(batch, depth > 0)
+        step = ms * noise.factor() / 1e3
         seconds += step
         tokens_out += emitted
         running = [r for r in running if r.generated < new_tokens]

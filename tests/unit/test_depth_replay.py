@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from peagle_vllm.depth import DepthController, DepthOptions
-from peagle_vllm.depth_replay import HOOKS_MS, PREFILL_MS_PER_TOKEN, Noise, Request, StepCosts, replay
+from peagle_vllm.depth_replay import PREFILL_MS_PER_TOKEN, Noise, Request, StepCosts, hooks_share, replay
 
 QUIET = {"step": 0.0, "drift": 0.0}
 
@@ -44,13 +44,20 @@ def test_prompt_tokens_cost_the_target_and_the_head_when_a_draft_runs() -> None:
 
 def test_adaptive_depth_pays_its_hooks_per_step() -> None:
     """A controller in fallback (drafts never right, drafting dear; no probe for 10,000 steps) runs plain
-    steps plus the hooks' time: 10 ms + HOOKS_MS per step at batch 1, once its first trial is over."""
+    steps plus the hooks' time, their share of a plain step at batch 1, once its first trial is over."""
     costs = flat_costs(10.0, 50.0)
     plain = replay(requests(1, 0), 1, costs, 61, Noise(**QUIET))
     ctrl = DepthController(DepthOptions(max_k=4, probe_every=10_000))
     replay(requests(1, 0), 1, costs, 61, Noise(**QUIET), ctrl)  # the engine's first trial happens here
     settled = replay([Request("late", 0, [0] * 61)], 1, costs, 61, Noise(**QUIET), ctrl)
-    assert settled == pytest.approx(plain * 10.0 / (10.0 + HOOKS_MS[0] + HOOKS_MS[1]))
+    assert settled == pytest.approx(plain / (1.0 + hooks_share(1, drafts=False)))
+
+
+def test_hooks_cost_their_share_of_the_step_by_batch_size_and_kind() -> None:
+    """Steps that draft pay more hooks than plain ones; shares interpolate on log(batch), the ends hold beyond."""
+    assert hooks_share(1, drafts=True) > hooks_share(1, drafts=False)
+    assert hooks_share(2, drafts=False) == pytest.approx((hooks_share(1, False) + hooks_share(4, False)) / 2)
+    assert hooks_share(256, drafts=False) == hooks_share(64, drafts=False)
 
 
 def test_the_controller_settles_on_the_side_that_pays() -> None:
