@@ -3,9 +3,9 @@ the measured cost of a step, maximising expected emitted tokens per unit of step
 
 Model. Request r accepts its i-th draft with probability P_r(i) = prod_{j<=i} a_r(j) (a: per-position
 conditional acceptance, estimated online with decay, shrunk towards the all-request prior). A step
-that verifies T tokens and drafts D rows (the head runs over B requests x the step's draft depth)
-costs s0 + s1 T + s2 D; a plain step (no draft) costs p0 + s1 T, and s0 - p0 is what running the
-draft path at all costs (on a small target it can exceed a whole plain step). Emitted tokens are
+over B requests that verifies V drafts and drafts D rows (the head runs over B requests x the step's
+draft depth) costs s0 + sb B + sv V + s2 D; a plain step (no draft) costs p0 + sb B, and s0 - p0 is what
+running the draft path at all costs (on a small target it can exceed a whole plain step). Emitted tokens are
 B + the sum of P over the drafts kept. Since P_r(i) falls with i, the best set of drafts is the
 top-n values of P overall for some n: sort once, pick the n maximising (B + prefix sum) / cost(n),
 where n = 0 is a plain step (nothing verified, nothing drafted).
@@ -156,14 +156,23 @@ class _Stats:
     last_k: int | None = None
 
 
+_FEATURE_PAIRS = [(i, j) for i in range(5) for j in range(5)]  # CostModel's x x^T, row by row
+
+
 @dataclass
 class CostModel:
-    """Step seconds, fitted online: s0 + s1 T + s2 D for a step that runs the draft, p0 + s1 T for a
-    plain one (no draft). One decayed least-squares fit over both kinds, with a small ridge towards
-    the current fit (steady when a feature barely varies, e.g. p0 through a long stretch of
-    speculation): the per-token cost s1 is shared, so plain steps, whose batch sizes vary most, pin
-    it down for speculation's choices too (fitted on speculative steps alone it came out at a third of
-    the true cost at batch 64, and trials drafted far too deep). No cost comes out negative: a term that
+    """Step seconds, fitted online: s0 + s1 T + dv V + s2 D for a step that runs the draft (T tokens
+    computed, V of them verified drafts, D draft rows), p0 + s1 T for a plain one (no draft). One decayed
+    least-squares fit over both kinds, with a small ridge towards the current fit (steady when a feature
+    barely varies, e.g. p0 through a long stretch of speculation): the per-token cost s1 is shared, so plain
+    steps, whose batch sizes vary most, pin it down for speculation's choices too (fitted on speculative
+    steps alone it came out at a third of the true cost at batch 64, and trials drafted far too deep). A
+    verified draft costs s1 + dv, where dv (which may be negative) is what it costs beyond a request's
+    token: its ridge pulls it towards 0, so a draft is priced as a request's token until steps that vary
+    the verified drafts apart from the batch size say otherwise (one more position of a request already
+    computed can cost a third of a new request's token; one price for both made drafts look dear, and a
+    GPU-like replay at c=8-64 ran 3-4% slower). Exposed as sb = s1 per request, sv = s1 + dv per verified
+    draft. No cost comes out negative (dv is held at -s1 at most): a term that
     would is held at 0 and the others are fitted again (clipping it afterwards left the others fitted
     around a negative term: at batch 1, where verified tokens and draft rows rise together, a recorded
     engine's plain step was priced at 8.7 ms against 3.5 measured). Until a plain step is seen, p0 is
@@ -174,19 +183,19 @@ class CostModel:
 
     decay: float = 0.98
     ridge: float = 1e-6
-    _s: np.ndarray = field(default_factory=lambda: np.array([1e-2, 1e-4, 1e-5]))  # s0, s1, s2
+    _s: np.ndarray = field(default_factory=lambda: np.array([1e-2, 1e-4, 0.0, 1e-5]))  # s0, s1, dv, s2
     _p0: float | None = None
-    # decayed sums of x x^T and x y over features x = (draft ran, plain, T, D), as floats: a step in fallback
+    # decayed sums of x x^T and x y over features x = (draft ran, plain, T, V, D), as floats: a step in fallback
     # costs these sums only, and numpy's per-call overhead was most of a fallback step's controller time
-    _xx: list[float] = field(default_factory=lambda: [0.0] * 16)
-    _xy: list[float] = field(default_factory=lambda: [0.0] * 4)
+    _xx: list[float] = field(default_factory=lambda: [0.0] * 25)
+    _xy: list[float] = field(default_factory=lambda: [0.0] * 5)
     _seen: int = 0
     _new: int = 0  # observations since the fit was last solved
 
-    def observe(self, tokens: int, draft_rows: int, seconds: float) -> None:
+    def observe(self, requests: int, tokens: int, draft_rows: int, seconds: float) -> None:
         drafted = float(draft_rows > 0)
-        x, decay = (drafted, 1.0 - drafted, float(tokens), float(draft_rows)), self.decay
-        self._xx = [v * decay + x[i >> 2] * x[i & 3] for i, v in enumerate(self._xx)]
+        x, decay = (drafted, 1.0 - drafted, float(tokens), float(tokens - requests), float(draft_rows)), self.decay
+        self._xx = [v * decay + x[i] * x[j] for v, (i, j) in zip(self._xx, _FEATURE_PAIRS)]
         self._xy = [v * decay + xi * seconds for v, xi in zip(self._xy, x)]
         self._seen += 1
         self._new += 1
@@ -195,28 +204,30 @@ class CostModel:
         if self._seen < 3 or self._new < (REFIT_EVERY if self._seen > self._new else 1):
             return  # the starting values until 3 observations; then refitted every REFIT_EVERY
         self._new = 0
-        current = np.array([self._s[0], self._s[0] if self._p0 is None else self._p0, self._s[1], self._s[2]])
-        xx, xy = np.array(self._xx).reshape(4, 4), np.array(self._xy)
+        s0, s1, _, s2 = self._s
+        current = np.array([s0, s0 if self._p0 is None else self._p0, s1, 0.0, s2])  # dv: 0 unless the data say
+        xx, xy = np.array(self._xx).reshape(5, 5), np.array(self._xy)
         reg = self.ridge * np.diag(np.maximum(np.diag(xx), 1e-9))
         a, b = xx + reg, xy + reg @ current
-        free = np.ones(4, dtype=bool)
+        free = np.ones(5, dtype=bool)
         while True:  # no cost is negative: a term that comes out negative is fixed at 0 and the rest refitted
-            fit = np.zeros(4)
+            fit = np.zeros(5)
             if free.any():
                 fit[free] = np.linalg.solve(a[np.ix_(free, free)], b[free])
-            if (fit >= 0).all():
+            if (np.delete(fit, 3) >= 0).all():  # dv, a difference, may be negative
                 break
-            free &= fit > 0
-        s0, p0, s1, s2 = fit
-        self._s = np.array([s0, s1, s2])
+            free &= (fit > 0) | (np.arange(5) == 3)
+        s0, p0, s1, dv, s2 = fit
+        self._s = np.array([s0, s1, max(dv, -s1), s2])
         if xx[1, 1] > 0:
             self._p0 = float(p0)
 
     @property
     def s(self) -> np.ndarray:
-        """[s0, s1, s2] of the current fit."""
+        """[s0, sb, sv, s2] of the current fit: sb a request's token, sv a verified draft's (s1 + dv)."""
         self._solve()
-        return self._s
+        s0, s1, dv, s2 = self._s
+        return np.array([s0, s1, s1 + dv, s2])
 
     @property
     def p0(self) -> float | None:
@@ -224,12 +235,12 @@ class CostModel:
         self._solve()
         return self._p0
 
-    def seconds(self, tokens: np.ndarray, draft_rows: np.ndarray) -> np.ndarray:
-        """Predicted step time for each (tokens, draft rows) pair; 0 draft rows is a plain step."""
-        self._solve()
-        s0, s1, s2 = self._s.tolist()
+    def seconds(self, requests: int, verified: np.ndarray, draft_rows: np.ndarray) -> np.ndarray:
+        """Predicted step time for each (verified drafts, draft rows) pair at this batch; 0 draft rows is a
+        plain step."""
+        s0, sb, sv, s2 = self.s.tolist()
         plain = s0 if self._p0 is None else self._p0
-        return np.where(draft_rows > 0, s0 + s2 * draft_rows, plain) + s1 * tokens
+        return np.where(draft_rows > 0, s0 + s2 * draft_rows, plain) + sb * requests + sv * verified
 
 
 def _rate(value: float | None) -> str:
@@ -331,7 +342,7 @@ class DepthController:
         (opened, drafted), self._last = self._last, (bool(step.draft_rows and not step.verified), bool(step.draft_rows))
         if step.seconds <= 0 or not step.emitted or not step.decode_only:
             return
-        self.cost.observe(step.tokens, step.draft_rows, step.seconds)
+        self.cost.observe(step.requests, step.tokens, step.draft_rows, step.seconds)
         bucket = _bucket(step.requests)
         speeds = self.speeds.get(bucket)
         if speeds is None:
@@ -479,14 +490,14 @@ class DepthController:
     def _best_count_one(self, curve: list[float], speculate: bool) -> int:
         """`_best_draft_count` for one request, on floats: its curve falls with depth, so its top-n drafts
         are its first n, drafted n deep."""
-        s0, s1, s2 = self.cost.s.tolist()
+        s0, sb, sv, s2 = self.cost.s.tolist()
         plain = self.cost.p0
         plain = s0 if plain is None else plain
         best, best_n, accepted = -np.inf, 0, 0.0
         for n, rows in enumerate(self._lookahead_rows):
             if n:
                 accepted += curve[n - 1]
-            seconds = max((s0 + s2 * rows if rows > 0 else plain) + s1 * (1 + n), 1e-9)
+            seconds = max((s0 + s2 * rows if rows > 0 else plain) + sb + sv * n, 1e-9)
             speed = (1.0 + accepted) / seconds
             if speed > best and (n or not speculate):
                 best, best_n = speed, n
@@ -547,24 +558,23 @@ class DepthController:
     def _best_draft_count(self, curves: np.ndarray, speculate: bool) -> tuple[int, np.ndarray]:
         """n maximising expected tokens per predicted second over the top-n acceptance probabilities
         (n = 0: a plain step, not a candidate when `speculate`), and those probabilities sorted, as far as
-        they may reach. A draft whose probability is below s1 x L, L a lower bound on the best speed, cannot
-        raise any speed at or above L (each further draft adds at least s1 seconds), nor can the smaller ones
+        they may reach. A draft whose probability is below sv x L, L a lower bound on the best speed, cannot
+        raise any speed at or above L (each further draft adds at least sv seconds), nor can the smaller ones
         after it: only the drafts at or above that floor are sorted and weighed (L: the likeliest draft alone,
         priced at the deepest draft rows). Most of the B x K_max probabilities lie far below it (at c=16 here
         some 20 of 512 are sorted), and the choice is the same."""
         b, kmax = curves.shape
         values = curves.ravel()
-        s0, s1, s2 = self.cost.s.tolist()
+        s0, sb, sv, s2 = self.cost.s.tolist()
         top = float(values.max())
-        deepest = max(s0 + s2 * b * float(self._lookahead_of_depth[kmax]) + s1 * (b + 1), 1e-9)
-        kept = np.flatnonzero(values >= min(s1 * (b + top) / deepest, top))  # the likeliest draft at least
+        deepest = max(s0 + s2 * b * float(self._lookahead_of_depth[kmax]) + sb * b + sv, 1e-9)
+        kept = np.flatnonzero(values >= min(sv * (b + top) / deepest, top))  # the likeliest draft at least
         order = kept[np.argsort(values[kept], kind="stable")[::-1]]  # ties: the later draft first, as in a full sort
         flat = values[order]
         depth = np.maximum.accumulate(order % kmax + 1)  # draft depth the top-n drafts need
         gain = b + np.concatenate([[0.0], np.cumsum(flat)])
-        tokens = b + np.arange(len(flat) + 1)
         rows = np.concatenate([[0], b * self._lookahead_of_depth[depth]])  # the next step drafts as deep as it reserves
-        speed = gain / np.maximum(self.cost.seconds(tokens, rows), 1e-9)  # the fit may reach 0
+        speed = gain / np.maximum(self.cost.seconds(b, np.arange(len(flat) + 1), rows), 1e-9)  # the fit may reach 0
         return (1 + int(np.argmax(speed[1:])) if speculate else int(np.argmax(speed))), flat
 
     def choose(self, req_ids: list[str], caps: list[int] | None = None) -> list[int]:
@@ -709,11 +719,11 @@ class DepthController:
         if self.steps == self.summarized:
             return ""
         self.summarized = self.steps
-        (s0, s1, s2), p0 = self.cost.s, self.cost.p0
+        (s0, sb, sv, s2), p0 = self.cost.s, self.cost.p0
         plain = "not measured yet" if p0 is None else f"{1e3 * p0:.2f} ms"
         speeds = ", ".join(f"{2 ** (b - 1)}-{2 ** b - 1}: {_rate(p.value)}/{_rate(sp.value)}"
                            for b, (p, sp) in sorted(self.speeds.items()))
         return (f"{'speculating' if self.speculating else 'fallback'}, probe interval {self.probe_interval} steps; "
                 f"fitted step cost: plain {plain}, with the draft {1e3 * s0:.2f} ms + {1e3 * s2:.4f} ms/draft row, "
-                f"+ {1e3 * s1:.3f} ms/token; measured tokens per request-second, plain/speculative, by batch size: "
+                f"+ {1e3 * sb:.3f} ms/request + {1e3 * sv:.3f} ms/draft verified; measured tokens per request-second, plain/speculative, by batch size: "
                 f"{speeds or 'none yet'}")

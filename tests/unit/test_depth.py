@@ -69,29 +69,49 @@ def test_batch_shares_one_threshold_good_requests_get_deeper_drafts() -> None:
     assert good > bad
 
 
-def test_cost_model_separates_verification_draft_rows_and_the_draft_paths_overhead() -> None:
+def test_cost_model_separates_requests_verified_drafts_draft_rows_and_the_draft_paths_overhead() -> None:
     model = CostModel()
     rng = np.random.default_rng(0)
     for _ in range(300):
-        tokens, rows = int(rng.integers(8, 200)), int(rng.choice([0, 8, 16, 64, 256]))
-        model.observe(tokens, rows, 0.03 + 0.0004 * tokens + 0.0001 * rows + 0.02 * (rows > 0))
-    assert model.s == pytest.approx([0.05, 0.0004, 0.0001], rel=1e-3)
+        requests, rows = int(rng.integers(8, 100)), int(rng.choice([0, 8, 16, 64, 256]))
+        verified = int(rng.integers(0, 3 * requests)) if rows else 0
+        model.observe(requests, requests + verified, rows,
+                      0.03 + 0.0004 * requests + 0.0001 * verified + 0.0001 * rows + 0.02 * (rows > 0))
+    assert model.s == pytest.approx([0.05, 0.0004, 0.0001, 0.0001], rel=1e-3)
     assert model.p0 == pytest.approx(0.03, rel=1e-3)
-    assert model.seconds(np.array([100, 100]), np.array([0, 64])) == pytest.approx([0.07, 0.0964], rel=1e-3)
+    assert model.seconds(100, np.array([0, 50]), np.array([0, 64])) == pytest.approx([0.07, 0.1014], rel=1e-3)
 
 
 def test_plain_steps_pin_the_per_token_cost_that_speculation_is_priced_with() -> None:
     """In fallback nearly every step is plain: their varying batch sizes fix the per-token cost, which
-    then prices verification in a trial (a handful of speculative steps at one batch size cannot)."""
+    then prices verification in a trial (a handful of speculative steps at one batch size and depth cannot
+    tell a verified draft's cost from the draft path's: a draft is priced as a request's token)."""
     model = CostModel()
     rng = np.random.default_rng(0)
     for _ in range(200):
         tokens = int(rng.integers(1, 65))
-        model.observe(tokens, 0, 0.003 + 0.0002 * tokens)
+        model.observe(tokens, tokens, 0, 0.003 + 0.0002 * tokens)
     for _ in range(4):
-        model.observe(128, 64, 0.008 + 0.0002 * 128 + 0.0001 * 64)
+        model.observe(64, 128, 64, 0.008 + 0.0002 * 128 + 0.0001 * 64)
     assert model.s[1] == pytest.approx(0.0002, rel=0.02) and model.p0 == pytest.approx(0.003, rel=0.02)
-    assert model.seconds(np.array([128]), np.array([64]))[0] == pytest.approx(0.0402, rel=0.02)
+    assert model.s[2] == pytest.approx(0.0002, rel=0.15)
+    assert model.seconds(64, np.array([64]), np.array([64]))[0] == pytest.approx(0.0402, rel=0.02)
+
+
+def test_a_verified_draft_is_priced_apart_from_a_requests_token_when_the_data_tell_them_apart() -> None:
+    """Plain steps at many batch sizes fix a request's token (0.6 ms: a whole request's work), speculative
+    ones at varying depths a verified draft's (0.2 ms: one more position of a request already computed);
+    one price for both overpriced verification (shallow drafts, and requests left at K=0 within a drafting
+    step, where a GPU-like replay at c=16 ran 9% below K=1)."""
+    model = CostModel()
+    rng = np.random.default_rng(1)
+    for _ in range(400):
+        requests = int(rng.integers(4, 64))
+        verified = int(rng.integers(1, 4)) * requests if rng.random() < 0.5 else 0
+        rows = 8 * requests if verified else 0
+        model.observe(requests, requests + verified, rows,
+                      0.005 + 0.0006 * requests + 0.0002 * verified + 0.00001 * rows + 0.004 * (rows > 0))
+    assert model.s[1:3] == pytest.approx([0.0006, 0.0002], rel=0.02)
 
 
 def test_cost_fit_prices_a_recorded_batch_one_engine_as_measured() -> None:
@@ -107,8 +127,8 @@ def test_cost_fit_prices_a_recorded_batch_one_engine_as_measured() -> None:
         if not (step.decode_only and emitted):
             continue
         if model.p0 is not None:  # each step priced before it is seen
-            errors.append(abs(1e3 * model.seconds(np.array([tokens]), np.array([rows]))[0] - ms) / ms)
-        model.observe(tokens, rows, step.seconds)
+            errors.append(abs(1e3 * model.seconds(requests, np.array([verified]), np.array([rows]))[0] - ms) / ms)
+        model.observe(requests, tokens, rows, step.seconds)
     assert len(errors) > 900
     assert max(np.median(errors[k: k + 100]) for k in range(0, len(errors), 100)) < 0.15
 
@@ -130,7 +150,7 @@ def test_decision_cost_is_small() -> None:
 
 def test_new_request_that_starts_at_zero_is_still_probed() -> None:
     ctrl = DepthController(DepthOptions(max_k=8, probe_every=4))
-    ctrl.cost.s[1] = 10.0  # verification looks prohibitively expensive at first, and is about as dear as it gains
+    ctrl.cost._s[1] = 10.0  # verification looks prohibitively expensive at first, and is about as dear as it gains
     ks = run(ctrl, alpha=0.9, steps=40, c1=10.0, req="fresh")
     assert ks[0] == 0 and ks.count(0) >= 25 and max(ks) > 0
 
@@ -655,9 +675,8 @@ def _best_count_full_sort(ctrl: DepthController, curves: np.ndarray, speculate: 
     flat = curves.ravel()[order]
     depth = np.maximum.accumulate(order % kmax + 1)
     gain = b + np.concatenate([[0.0], np.cumsum(flat)])
-    tokens = b + np.arange(len(flat) + 1)
     rows = np.concatenate([[0], b * ctrl._lookahead_of_depth[depth]])
-    speed = gain / np.maximum(ctrl.cost.seconds(tokens, rows), 1e-9)
+    speed = gain / np.maximum(ctrl.cost.seconds(b, np.arange(len(flat) + 1), rows), 1e-9)
     return (1 + int(np.argmax(speed[1:])) if speculate else int(np.argmax(speed))), flat
 
 
@@ -668,8 +687,9 @@ def test_the_best_draft_count_weighs_only_drafts_that_may_count_and_chooses_as_a
     for trial in range(400):
         kmax, b = int(rng.choice([4, 8, 32])), int(rng.integers(1, 40))
         ctrl = DepthController(DepthOptions(max_k=kmax))
-        s = rng.choice([0.0, 1.0], size=3, p=[0.15, 0.85]) * np.array([1e-2, 3e-4, 2e-5]) * rng.uniform(0.2, 5, 3)
-        ctrl.cost._s, ctrl.cost._p0 = s, float(rng.uniform(0.2, 1.5) * 1e-2)
+        s0, s1, s2 = rng.choice([0.0, 1.0], size=3, p=[0.15, 0.85]) * np.array([1e-2, 3e-4, 2e-5]) * rng.uniform(0.2, 5, 3)
+        dv = s1 * rng.uniform(-1.0, 0.5)  # a verified draft at 0-1.5x a request's token
+        ctrl.cost._s, ctrl.cost._p0 = np.array([s0, s1, dv, s2]), float(rng.uniform(0.2, 1.5) * 1e-2)
         ctrl.cost._seen = 0  # the fit is not solved again: these costs stand
         rates = np.round(rng.uniform(0.0, 1.0, (b, kmax)) ** rng.uniform(0.05, 3), int(rng.integers(1, 4)))
         rates[rng.random(b) < 0.1] = 1.0
