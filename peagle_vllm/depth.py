@@ -225,9 +225,7 @@ class CostModel:
     @property
     def s(self) -> np.ndarray:
         """[s0, sb, sv, s2] of the current fit: sb a request's token, sv a verified draft's (s1 + dv)."""
-        self._solve()
-        s0, s1, dv, s2 = self._s
-        return np.array([s0, s1, s1 + dv, s2])
+        return np.array(self.terms()[:4])
 
     @property
     def p0(self) -> float | None:
@@ -235,12 +233,13 @@ class CostModel:
         self._solve()
         return self._p0
 
-    def seconds(self, requests: int, verified: np.ndarray, draft_rows: np.ndarray) -> np.ndarray:
-        """Predicted step time for each (verified drafts, draft rows) pair at this batch; 0 draft rows is a
-        plain step."""
-        s0, sb, sv, s2 = self.s.tolist()
-        plain = s0 if self._p0 is None else self._p0
-        return np.where(draft_rows > 0, s0 + s2 * draft_rows, plain) + sb * requests + sv * verified
+    def terms(self) -> tuple[float, float, float, float, float]:
+        """(s0, sb, sv, s2, plain) as floats, plain being p0 (s0 before any plain step was seen): a step
+        drafting D rows and verifying V drafts over B requests costs s0 + s2 D + sb B + sv V, a plain one
+        plain + sb B."""
+        self._solve()
+        s0, s1, dv, s2 = self._s.tolist()
+        return s0, s1, s1 + dv, s2, (s0 if self._p0 is None else self._p0)
 
 
 def _rate(value: float | None) -> str:
@@ -268,9 +267,8 @@ class DepthController:
         self.prior_tries = np.zeros(k)
         self.prior_hits = np.zeros(k)
         self.cost = CostModel()
-        # `_lookahead` of every depth 0..K, for pricing many candidate draft counts at once
-        self._lookahead_of_depth = np.array([self._lookahead(d) for d in range(k + 1)])
-        self._lookahead_rows = [0] + self._lookahead_of_depth[1:].tolist()  # draft rows of n drafts at batch 1
+        # draft rows per request of a step whose deepest choice is d drafts (`_lookahead`; none at d = 0)
+        self._lookahead_rows = [0] + [self._lookahead(d) for d in range(1, k + 1)]
         self.typical_k = k  # largest K of the latest choice: what a new request may start from
         self.spec_k = k  # largest K of the latest speculative choice: where a probe starts
         self.steps = 0  # choices made: the clock of probes and exploration
@@ -490,9 +488,7 @@ class DepthController:
     def _best_count_one(self, curve: list[float], speculate: bool) -> int:
         """`_best_draft_count` for one request, on floats: its curve falls with depth, so its top-n drafts
         are its first n, drafted n deep."""
-        s0, sb, sv, s2 = self.cost.s.tolist()
-        plain = self.cost.p0
-        plain = s0 if plain is None else plain
+        s0, sb, sv, s2, plain = self.cost.terms()
         best, best_n, accepted = -np.inf, 0, 0.0
         for n, rows in enumerate(self._lookahead_rows):
             if n:
@@ -555,27 +551,38 @@ class DepthController:
         step by step; the head drafts that deep in the next step, whatever K is then chosen."""
         return min(self.opt.max_k, max(2 * k, self.opt.probe_k, self.opt.min_k))
 
-    def _best_draft_count(self, curves: np.ndarray, speculate: bool) -> tuple[int, np.ndarray]:
+    def _best_draft_count(self, curves: np.ndarray, speculate: bool) -> tuple[int, list[float]]:
         """n maximising expected tokens per predicted second over the top-n acceptance probabilities
         (n = 0: a plain step, not a candidate when `speculate`), and those probabilities sorted, as far as
         they may reach. A draft whose probability is below sv x L, L a lower bound on the best speed, cannot
         raise any speed at or above L (each further draft adds at least sv seconds), nor can the smaller ones
         after it: only the drafts at or above that floor are sorted and weighed (L: the likeliest draft alone,
-        priced at the deepest draft rows). Most of the B x K_max probabilities lie far below it (at c=16 here
-        some 20 of 512 are sorted), and the choice is the same."""
+        priced at the deepest draft rows; then, as they are weighed in order, the best speed so far with a
+        draft: a plain step's may be faster, but the first draft's price, the draft path's, is no floor). Most of
+        the B x K_max probabilities lie far below it (at c=16 here some 20 of 512 remain), and the weighing
+        runs on floats, stopping there: numpy's per-call overhead was most of the choice's time in the engine.
+        The same choice as weighing every draft (the same arithmetic in the same order)."""
         b, kmax = curves.shape
         values = curves.ravel()
-        s0, sb, sv, s2 = self.cost.s.tolist()
+        s0, sb, sv, s2, plain = self.cost.terms()
+        lookahead, per_request = self._lookahead_rows, sb * b
         top = float(values.max())
-        deepest = max(s0 + s2 * b * float(self._lookahead_of_depth[kmax]) + sb * b + sv, 1e-9)
-        kept = np.flatnonzero(values >= min(sv * (b + top) / deepest, top))  # the likeliest draft at least
+        kept = np.flatnonzero(values >= min(sv * (b + top) / max(s0 + s2 * b * lookahead[kmax] + per_request + sv, 1e-9),
+                                            top))  # the likeliest draft at least
         order = kept[np.argsort(values[kept], kind="stable")[::-1]]  # ties: the later draft first, as in a full sort
-        flat = values[order]
-        depth = np.maximum.accumulate(order % kmax + 1)  # draft depth the top-n drafts need
-        gain = b + np.concatenate([[0.0], np.cumsum(flat)])
-        rows = np.concatenate([[0], b * self._lookahead_of_depth[depth]])  # the next step drafts as deep as it reserves
-        speed = gain / np.maximum(self.cost.seconds(b, np.arange(len(flat) + 1), rows), 1e-9)  # the fit may reach 0
-        return (1 + int(np.argmax(speed[1:])) if speculate else int(np.argmax(speed))), flat
+        flat = values[order].tolist()
+        best, best_n = (-np.inf, 0) if speculate else (b / max(plain + per_request, 1e-9), 0)
+        gained, depth, drafting = 0.0, 0, -np.inf  # drafting: the best speed so far with n > 0
+        for n, (p, index) in enumerate(zip(flat, order.tolist()), 1):
+            if p < sv * drafting:  # the floor at the best drafting speed so far: no later draft can reach it
+                return best_n, flat[:n - 1]
+            gained += p
+            depth = max(depth, index % kmax + 1)  # the next step drafts as deep as it reserves
+            speed = (b + gained) / max(s0 + s2 * (b * lookahead[depth]) + per_request + sv * n, 1e-9)
+            drafting = max(drafting, speed)
+            if speed > best:
+                best, best_n = speed, n
+        return best_n, flat
 
     def choose(self, req_ids: list[str], caps: list[int] | None = None) -> list[int]:
         """K for each request of this step's batch; `caps` (e.g. the drafts whose KV slots were

@@ -69,6 +69,12 @@ def test_batch_shares_one_threshold_good_requests_get_deeper_drafts() -> None:
     assert good > bad
 
 
+def _seconds(model: CostModel, requests: int, verified: int, rows: int) -> float:
+    """The model's price of a step (`CostModel.terms`); no draft rows: a plain step."""
+    s0, sb, sv, s2, plain = model.terms()
+    return (s0 + s2 * rows if rows else plain) + sb * requests + sv * verified
+
+
 def test_cost_model_separates_requests_verified_drafts_draft_rows_and_the_draft_paths_overhead() -> None:
     model = CostModel()
     rng = np.random.default_rng(0)
@@ -79,7 +85,7 @@ def test_cost_model_separates_requests_verified_drafts_draft_rows_and_the_draft_
                       0.03 + 0.0004 * requests + 0.0001 * verified + 0.0001 * rows + 0.02 * (rows > 0))
     assert model.s == pytest.approx([0.05, 0.0004, 0.0001, 0.0001], rel=1e-3)
     assert model.p0 == pytest.approx(0.03, rel=1e-3)
-    assert model.seconds(100, np.array([0, 50]), np.array([0, 64])) == pytest.approx([0.07, 0.1014], rel=1e-3)
+    assert [_seconds(model, 100, 0, 0), _seconds(model, 100, 50, 64)] == pytest.approx([0.07, 0.1014], rel=1e-3)
 
 
 def test_plain_steps_pin_the_per_token_cost_that_speculation_is_priced_with() -> None:
@@ -95,7 +101,7 @@ def test_plain_steps_pin_the_per_token_cost_that_speculation_is_priced_with() ->
         model.observe(64, 128, 64, 0.008 + 0.0002 * 128 + 0.0001 * 64)
     assert model.s[1] == pytest.approx(0.0002, rel=0.02) and model.p0 == pytest.approx(0.003, rel=0.02)
     assert model.s[2] == pytest.approx(0.0002, rel=0.15)
-    assert model.seconds(64, np.array([64]), np.array([64]))[0] == pytest.approx(0.0402, rel=0.02)
+    assert _seconds(model, 64, 64, 64) == pytest.approx(0.0402, rel=0.02)
 
 
 def test_a_verified_draft_is_priced_apart_from_a_requests_token_when_the_data_tell_them_apart() -> None:
@@ -127,7 +133,7 @@ def test_cost_fit_prices_a_recorded_batch_one_engine_as_measured() -> None:
         if not (step.decode_only and emitted):
             continue
         if model.p0 is not None:  # each step priced before it is seen
-            errors.append(abs(1e3 * model.seconds(requests, np.array([verified]), np.array([rows]))[0] - ms) / ms)
+            errors.append(abs(1e3 * _seconds(model, requests, verified, rows) - ms) / ms)
         model.observe(requests, tokens, rows, step.seconds)
     assert len(errors) > 900
     assert max(np.median(errors[k: k + 100]) for k in range(0, len(errors), 100)) < 0.15
@@ -675,8 +681,10 @@ def _best_count_full_sort(ctrl: DepthController, curves: np.ndarray, speculate: 
     flat = curves.ravel()[order]
     depth = np.maximum.accumulate(order % kmax + 1)
     gain = b + np.concatenate([[0.0], np.cumsum(flat)])
-    rows = np.concatenate([[0], b * ctrl._lookahead_of_depth[depth]])
-    speed = gain / np.maximum(ctrl.cost.seconds(b, np.arange(len(flat) + 1), rows), 1e-9)
+    rows = np.concatenate([[0], b * np.array(ctrl._lookahead_rows)[depth]])
+    s0, sb, sv, s2, plain = ctrl.cost.terms()
+    seconds = np.where(rows > 0, s0 + s2 * rows, plain) + sb * b + sv * np.arange(len(flat) + 1)
+    speed = gain / np.maximum(seconds, 1e-9)
     return (1 + int(np.argmax(speed[1:])) if speculate else int(np.argmax(speed))), flat
 
 
