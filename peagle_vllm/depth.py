@@ -577,9 +577,12 @@ class DepthController:
             if p < sv * drafting:  # the floor at the best drafting speed so far: no later draft can reach it
                 return best_n, flat[:n - 1]
             gained += p
-            depth = max(depth, index % kmax + 1)  # the next step drafts as deep as it reserves
-            speed = (b + gained) / max(s0 + s2 * (b * lookahead[depth]) + per_request + sv * n, 1e-9)
-            drafting = max(drafting, speed)
+            if index % kmax >= depth:  # the next step drafts as deep as it reserves
+                depth = index % kmax + 1
+            seconds = s0 + s2 * (b * lookahead[depth]) + per_request + sv * n
+            speed = (b + gained) / (seconds if seconds > 1e-9 else 1e-9)  # the fit may reach 0
+            if speed > drafting:
+                drafting = speed
             if speed > best:
                 best, best_n = speed, n
         return best_n, flat
