@@ -567,8 +567,8 @@ class DepthController:
         s0, sb, sv, s2, plain = self.cost.terms()
         lookahead, per_request = self._lookahead_rows, sb * b
         top = float(values.max())
-        kept = np.flatnonzero(values >= min(sv * (b + top) / max(s0 + s2 * b * lookahead[kmax] + per_request + sv, 1e-9),
-                                            top))  # the likeliest draft at least
+        one_deepest = max(s0 + s2 * b * lookahead[kmax] + per_request + sv, 1e-9)  # one draft, the deepest rows
+        kept = np.flatnonzero(values >= min(sv * (b + top) / one_deepest, top))  # the likeliest draft at least
         order = kept[np.argsort(values[kept], kind="stable")[::-1]]  # ties: the later draft first, as in a full sort
         flat = values[order].tolist()
         best, best_n = (-np.inf, 0) if speculate else (b / max(plain + per_request, 1e-9), 0)
@@ -735,5 +735,6 @@ class DepthController:
                            for b, (p, sp) in sorted(self.speeds.items()))
         return (f"{'speculating' if self.speculating else 'fallback'}, probe interval {self.probe_interval} steps; "
                 f"fitted step cost: plain {plain}, with the draft {1e3 * s0:.2f} ms + {1e3 * s2:.4f} ms/draft row, "
-                f"+ {1e3 * sb:.3f} ms/request + {1e3 * sv:.3f} ms/draft verified; measured tokens per request-second, plain/speculative, by batch size: "
+                f"+ {1e3 * sb:.3f} ms/request + {1e3 * sv:.3f} ms/draft verified; measured tokens per "
+                f"request-second, plain/speculative, by batch size: "
                 f"{speeds or 'none yet'}")

@@ -695,7 +695,8 @@ def test_the_best_draft_count_weighs_only_drafts_that_may_count_and_chooses_as_a
     for trial in range(400):
         kmax, b = int(rng.choice([4, 8, 32])), int(rng.integers(1, 40))
         ctrl = DepthController(DepthOptions(max_k=kmax))
-        s0, s1, s2 = rng.choice([0.0, 1.0], size=3, p=[0.15, 0.85]) * np.array([1e-2, 3e-4, 2e-5]) * rng.uniform(0.2, 5, 3)
+        present = rng.choice([0.0, 1.0], size=3, p=[0.15, 0.85])  # a term at 0 now and then
+        s0, s1, s2 = present * np.array([1e-2, 3e-4, 2e-5]) * rng.uniform(0.2, 5, 3)
         dv = s1 * rng.uniform(-1.0, 0.5)  # a verified draft at 0-1.5x a request's token
         ctrl.cost._s, ctrl.cost._p0 = np.array([s0, s1, dv, s2]), float(rng.uniform(0.2, 1.5) * 1e-2)
         ctrl.cost._seen = 0  # the fit is not solved again: these costs stand
