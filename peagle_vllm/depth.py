@@ -65,7 +65,7 @@ was reserved.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -86,6 +86,7 @@ VALUE_TRIALS = 4  # arrival trials measured before their value may stop them
 # fall out of step with the rest: in the engine at c=4 a round with a probe ran 5-30% below plain, where its
 # steps alone cost some 3%), and where speculation keeps losing, each probe says so again
 MAX_BACKOFF = 3
+RESCALE = 1e64  # lazily decayed counts (`_Counts`) are brought back to scale 1 beyond this
 
 
 @dataclass
@@ -134,11 +135,13 @@ class _Speed:
     seconds: float = 0.0
     steps: float = 0.0
 
-    def add(self, step: Step) -> None:
-        self.tokens = self.tokens * self.decay + step.emitted
-        self.request_seconds = self.request_seconds * self.decay + step.requests * step.seconds
-        self.seconds = self.seconds * self.decay + step.seconds
-        self.steps = self.steps * self.decay + 1.0
+    def add(self, tokens: float, requests: int, seconds: float) -> None:
+        """One step of `requests` requests that took `seconds` and yields `tokens`."""
+        decay = self.decay
+        self.tokens = self.tokens * decay + tokens
+        self.request_seconds = self.request_seconds * decay + requests * seconds
+        self.seconds = self.seconds * decay + seconds
+        self.steps = self.steps * decay + 1.0
 
     @property
     def value(self) -> float | None:
@@ -151,12 +154,31 @@ class _Speed:
 
 
 @dataclass(slots=True)
+class _Counts:
+    """Decayed tries and hits per draft position, decayed lazily: kept as the true counts x `scale`, which
+    grows by 1/decay per observation, so that an observation adds to the positions it reached and no others
+    (decaying every position of every request each step was most of the acceptance update's time)."""
+
+    tries: list[float]
+    hits: list[float]
+    scale: float = 1.0
+
+    def add(self, seen: int, accepted: int, decay: float) -> None:
+        """One verification: positions 1..seen tried, 1..accepted accepted; the past weighs `decay` less."""
+        self.scale = scale = self.scale / decay
+        tries, hits = self.tries, self.hits
+        for i in range(seen):
+            tries[i] += scale
+        for i in range(accepted):
+            hits[i] += scale
+        if scale > RESCALE:
+            self.tries, self.hits, self.scale = [t / scale for t in tries], [h / scale for h in hits], 1.0
+
+
+@dataclass(slots=True)
 class _Stats:
-    row: int  # the request's row in the controller's tries/hits tables
+    counts: _Counts  # the request's own acceptance
     last_k: int | None = None
-
-
-_FEATURE_PAIRS = [(i, j) for i in range(5) for j in range(5)]  # CostModel's x x^T, row by row
 
 
 @dataclass
@@ -179,24 +201,38 @@ class CostModel:
     taken as s0 (the draft path assumed free: speculation is tried first). The fit is solved when a
     prediction is asked for, not per step (in fallback none is, and a step costs only the sums), and
     then only once `REFIT_EVERY` observations are new: the decayed fit moves little in a few steps, and
-    solving it each step was a sixth of a choice's cost at batch 1, itself 2% of a speculative step."""
+    solving it each step was a sixth of a choice's cost at batch 1, itself 2% of a speculative step. Solved on
+    floats (5 x 5 at most): with numpy a solve took 170 us, 20 us a step at every 8th."""
 
     decay: float = 0.98
     ridge: float = 1e-6
-    _s: np.ndarray = field(default_factory=lambda: np.array([1e-2, 1e-4, 0.0, 1e-5]))  # s0, s1, dv, s2
+    _s: list[float] = field(default_factory=lambda: [1e-2, 1e-4, 0.0, 1e-5])  # s0, s1, dv, s2
     _p0: float | None = None
     # decayed sums of x x^T and x y over features x = (draft ran, plain, T, V, D), as floats: a step in fallback
-    # costs these sums only, and numpy's per-call overhead was most of a fallback step's controller time
+    # costs these sums only, and numpy's per-call overhead was most of a fallback step's controller time; decayed
+    # lazily (kept x `_scale`, which grows by 1/decay per step, as `_Counts` does), so that a step adds to the
+    # entries its features reach and no others (a plain step's are 3 of 25)
     _xx: list[float] = field(default_factory=lambda: [0.0] * 25)
     _xy: list[float] = field(default_factory=lambda: [0.0] * 5)
+    _scale: float = 1.0
     _seen: int = 0
     _new: int = 0  # observations since the fit was last solved
 
     def observe(self, requests: int, tokens: int, draft_rows: int, seconds: float) -> None:
-        drafted = float(draft_rows > 0)
-        x, decay = (drafted, 1.0 - drafted, float(tokens), float(tokens - requests), float(draft_rows)), self.decay
-        self._xx = [v * decay + x[i] * x[j] for v, (i, j) in zip(self._xx, _FEATURE_PAIRS)]
-        self._xy = [v * decay + xi * seconds for v, xi in zip(self._xy, x)]
+        self._scale = scale = self._scale / self.decay
+        x = [(0 if draft_rows else 1, scale), (2, tokens * scale)]  # each nonzero feature, times the scale
+        if tokens > requests:
+            x.append((3, (tokens - requests) * scale))
+        if draft_rows:
+            x.append((4, draft_rows * scale))
+        xx, xy = self._xx, self._xy
+        for i, xi in x:
+            xy[i] += xi * seconds
+            row = 5 * i
+            for j, xj in x:
+                xx[row + j] += xi * xj / scale  # x_i x_j, times the scale once
+        if scale > RESCALE:
+            self._xx, self._xy, self._scale = [v / scale for v in xx], [v / scale for v in xy], 1.0
         self._seen += 1
         self._new += 1
 
@@ -205,22 +241,23 @@ class CostModel:
             return  # the starting values until 3 observations; then refitted every REFIT_EVERY
         self._new = 0
         s0, s1, _, s2 = self._s
-        current = np.array([s0, s0 if self._p0 is None else self._p0, s1, 0.0, s2])  # dv: 0 unless the data say
-        xx, xy = np.array(self._xx).reshape(5, 5), np.array(self._xy)
-        reg = self.ridge * np.diag(np.maximum(np.diag(xx), 1e-9))
-        a, b = xx + reg, xy + reg @ current
-        free = np.ones(5, dtype=bool)
+        current = [s0, s0 if self._p0 is None else self._p0, s1, 0.0, s2]  # dv: 0 unless the data say otherwise
+        xx, xy = [v / self._scale for v in self._xx], [v / self._scale for v in self._xy]
+        reg = [self.ridge * max(xx[6 * i], 1e-9) for i in range(5)]  # the diagonal's entries
+        a = [[xx[5 * i + j] + (reg[i] if i == j else 0.0) for j in range(5)] for i in range(5)]
+        b = [y + r * c for y, r, c in zip(xy, reg, current)]
+        free = list(range(5))
         while True:  # no cost is negative: a term that comes out negative is fixed at 0 and the rest refitted
-            fit = np.zeros(5)
-            if free.any():
-                fit[free] = np.linalg.solve(a[np.ix_(free, free)], b[free])
-            if (np.delete(fit, 3) >= 0).all():  # dv, a difference, may be negative
+            fit = [0.0] * 5
+            for i, value in zip(free, _solve_linear([[a[i][j] for j in free] for i in free], [b[i] for i in free])):
+                fit[i] = value
+            if all(value >= 0 for i, value in enumerate(fit) if i != 3):  # dv, a difference, may be negative
                 break
-            free &= (fit > 0) | (np.arange(5) == 3)
+            free = [i for i in free if fit[i] > 0 or i == 3]
         s0, p0, s1, dv, s2 = fit
-        self._s = np.array([s0, s1, max(dv, -s1), s2])
-        if xx[1, 1] > 0:
-            self._p0 = float(p0)
+        self._s = [s0, s1, max(dv, -s1), s2]
+        if xx[6] > 0:
+            self._p0 = p0
 
     @property
     def s(self) -> np.ndarray:
@@ -238,8 +275,27 @@ class CostModel:
         drafting D rows and verifying V drafts over B requests costs s0 + s2 D + sb B + sv V, a plain one
         plain + sb B."""
         self._solve()
-        s0, s1, dv, s2 = self._s.tolist()
+        s0, s1, dv, s2 = self._s
         return s0, s1, s1 + dv, s2, (s0 if self._p0 is None else self._p0)
+
+
+def _solve_linear(a: list[list[float]], b: list[float]) -> list[float]:
+    """x with a x = b (a square and regular: here a positive definite normal matrix), by Gaussian elimination
+    with partial pivoting."""
+    n = len(b)
+    rows = [row + [y] for row, y in zip(a, b)]
+    for c in range(n):
+        pivot = max(range(c, n), key=lambda r: abs(rows[r][c]))
+        rows[c], rows[pivot] = rows[pivot], rows[c]
+        top = rows[c]
+        for row in rows[c + 1:]:
+            f = row[c] / top[c]
+            for k in range(c, n + 1):
+                row[k] -= f * top[k]
+    x = [0.0] * n
+    for c in range(n - 1, -1, -1):
+        x[c] = (rows[c][n] - sum(rows[c][k] * x[k] for k in range(c + 1, n))) / rows[c][c]
+    return x
 
 
 def _rate(value: float | None) -> str:
@@ -251,6 +307,64 @@ def _bucket(batch: int) -> int:
     return max(batch, 1).bit_length()
 
 
+class _Curves:
+    """A batch's acceptance curves, P_r(i) = the probability that request r's first i drafts are all accepted,
+    computed only as far as they are asked for: the first of each, then (`fill`) down to a floor below which no
+    draft can count, then further only for ties and short drafts. On floats, in plain loops: most of the
+    B x K_max drafts lie far below the floor, and numpy's per-call overhead was most of a choice's time in the
+    engine."""
+
+    __slots__ = ("rows", "prior", "kmax", "values")
+
+    def __init__(self, rows: list[tuple[list[float], list[float], float]], prior: list[float], kmax: int) -> None:
+        self.rows = rows  # per request: its decayed hits, tries (`_Counts`), and the prior's weight on their scale
+        self.prior, self.kmax = prior, kmax
+        p0 = prior[0]
+        self.values = [[min((hits[0] + w * p0) / (tries[0] + w), 1.0)] for hits, tries, w in rows]
+
+    def top(self) -> float:
+        """The likeliest draft of all (a first one: P falls with depth)."""
+        return max(values[0] for values in self.values)
+
+    def fill(self, floor: float) -> None:
+        """Each curve computed down to `floor` (the first value below it included, or to K_max)."""
+        prior, kmax = self.prior, self.kmax
+        for (hits, tries, w), values in zip(self.rows, self.values):
+            p, i = values[-1], len(values)
+            while p >= floor and i < kmax:
+                rate = (hits[i] + w * prior[i]) / (tries[i] + w)
+                p *= rate if rate < 1.0 else 1.0  # min() is a call: twice the time of this loop's arithmetic
+                values.append(p)
+                i += 1
+
+    def reaching(self, r: int, threshold: float) -> int:
+        """How many of request r's drafts have a probability of at least `threshold` (a prefix: P falls)."""
+        values, k = self.values[r], 0
+        while True:
+            if k == len(values):
+                if k == self.kmax:
+                    return k
+                self._extend(r, k + 1)  # ties at the threshold, past what was computed
+            if values[k] < threshold:
+                return k
+            k += 1
+
+    def prefix(self, r: int, upto: int) -> list[float]:
+        """P_r(1..upto)."""
+        if len(self.values[r]) < upto:
+            self._extend(r, upto)
+        return self.values[r][:upto]
+
+    def _extend(self, r: int, upto: int) -> None:
+        hits, tries, w = self.rows[r]
+        values, prior = self.values[r], self.prior
+        p = values[-1]
+        for i in range(len(values), upto):
+            rate = (hits[i] + w * prior[i]) / (tries[i] + w)
+            p *= rate if rate < 1.0 else 1.0
+            values.append(p)
+
+
 class DepthController:
     """Per-request K from online acceptance statistics and a fitted step-cost model."""
 
@@ -258,14 +372,8 @@ class DepthController:
         self.opt = options
         k = options.max_k
         self.requests: dict[str, _Stats] = {}
-        # decayed tries and hits per request and position, one row per request (row 0 stays empty: a request
-        # not seen yet), so that a step's requests are updated and read together rather than one by one
-        self._tries = np.zeros((16, k))
-        self._hits = np.zeros((16, k))
-        self._free_rows = list(range(15, 0, -1))
-        self._positions = np.arange(k)
-        self.prior_tries = np.zeros(k)
-        self.prior_hits = np.zeros(k)
+        self.prior = _Counts([0.0] * k, [0.0] * k)  # all requests' acceptance, one observation after another
+        self._zeros = [0.0] * k  # the counts of a request not seen yet
         self.cost = CostModel()
         # draft rows per request of a step whose deepest choice is d drafts (`_lookahead`; none at d = 0)
         self._lookahead_rows = [0] + [self._lookahead(d) for d in range(1, k + 1)]
@@ -299,36 +407,18 @@ class DepthController:
     def observe(self, req_ids: list[str], num_drafts: list[int], num_accepted: list[int]) -> None:
         """A step's verification results: request i's drafts 1..num_accepted[i] accepted, the next one
         rejected (requests that verified no draft are skipped). The prior takes them one after another."""
-        kept = [(self._stats(r).row, a, min(a + 1, n))  # (row, accepted, seen)
-                for r, n, a in zip(req_ids, num_drafts, num_accepted) if n > 0]
-        if len(kept) == 1:  # one request (batch 1): in place, slices instead of masks, a third of the time
-            (row, accepted, seen), decay = kept[0], self.opt.decay
-            for table, upto, factor in ((self._tries[row], seen, decay), (self._hits[row], accepted, decay),
-                                        (self.prior_tries, seen, PRIOR_DECAY), (self.prior_hits, accepted, PRIOR_DECAY)):
-                table *= factor
-                table[:upto] += 1.0
-            return
-        if not kept:
-            return
-        rows, accepted, seen = (np.array(column) for column in zip(*kept))
-        position = self._positions
-        tries, hits = position < seen[:, None], position < accepted[:, None]
-        self._tries[rows] = self._tries[rows] * self.opt.decay + tries
-        self._hits[rows] = self._hits[rows] * self.opt.decay + hits
-        n = len(rows)
-        weights = PRIOR_DECAY ** np.arange(n - 1, -1, -1.0)  # the latest observation weighs 1
-        self.prior_tries = self.prior_tries * PRIOR_DECAY**n + weights @ tries
-        self.prior_hits = self.prior_hits * PRIOR_DECAY**n + weights @ hits
+        decay, prior = self.opt.decay, self.prior
+        for req_id, drafts, accepted in zip(req_ids, num_drafts, num_accepted):
+            if drafts > 0:
+                seen = min(accepted + 1, drafts)
+                self._stats(req_id).counts.add(seen, accepted, decay)
+                prior.add(seen, accepted, PRIOR_DECAY)
 
     def _stats(self, req_id: str) -> _Stats:
         s = self.requests.get(req_id)
         if s is None:
-            if not self._free_rows:  # twice the rows
-                n = len(self._tries)
-                self._tries = np.concatenate([self._tries, np.zeros_like(self._tries)])
-                self._hits = np.concatenate([self._hits, np.zeros_like(self._hits)])
-                self._free_rows = list(range(2 * n - 1, n - 1, -1))
-            s = self.requests[req_id] = _Stats(self._free_rows.pop())
+            k = self.opt.max_k
+            s = self.requests[req_id] = _Stats(_Counts([0.0] * k, [0.0] * k))
         return s
 
     def observe_step(self, step: Step) -> None:
@@ -351,10 +441,10 @@ class DepthController:
             gained = step.emitted / (step.requests * plain.value) - step.seconds
             self._stretch += gained
         if step.draft_rows and step.verified and not opened:
-            spec.add(replace(step, emitted=self._expected * step.requests))
+            spec.add(self._expected * step.requests, step.requests, step.seconds)
             self.trial_left = max(self.trial_left - 1, 0)
         elif not step.draft_rows and not step.verified and not drafted:
-            plain.add(step)
+            plain.add(step.emitted, step.requests, step.seconds)
 
     def _measured_speeds(self, batch: int) -> tuple[float, float] | None:
         """(plain, speculative) tokens per request-second at about this batch size (see `_measured`)."""
@@ -461,55 +551,24 @@ class DepthController:
         return speeds is None or speeds[0].value is None
 
     def forget(self, req_id: str) -> None:
-        s = self.requests.pop(req_id, None)
-        if s is not None:
-            self._tries[s.row] = self._hits[s.row] = 0.0
-            self._free_rows.append(s.row)
+        self.requests.pop(req_id, None)
 
-    def _accept_curves(self, req_ids: list[str]) -> np.ndarray:
-        """P_r(i) [B, K]: probability that request r's first i drafts are all accepted (a request not
-        seen yet has no hits or tries of its own: the prior)."""
-        prior = self._prior_rates()
-        w = self.opt.prior_weight
-        rows = [s.row if (s := self.requests.get(rid)) is not None else 0 for rid in req_ids]
-        rates = (self._hits[rows] + w * prior) / (self._tries[rows] + w)
-        return np.cumprod(np.minimum(rates, 1.0), axis=1)  # never below 0: counts
+    def _curves(self, req_ids: list[str]) -> _Curves:
+        """The batch's acceptance curves, each rate shrunk towards the prior's by `prior_weight`
+        pseudo-observations (a request not seen yet: the prior alone)."""
+        w, zeros, rows = self.opt.prior_weight, self._zeros, []
+        for rid in req_ids:
+            s = self.requests.get(rid)
+            rows.append((zeros, zeros, w) if s is None else (s.counts.hits, s.counts.tries, w * s.counts.scale))
+        return _Curves(rows, self._prior_rates(), self.opt.max_k)
 
-    def _one_curve(self, req_id: str) -> list[float]:
-        """`_accept_curves` for one request, on floats."""
-        s, w = self.requests.get(req_id), self.opt.prior_weight
-        row = 0 if s is None else s.row
-        curve, p = [], 1.0
-        for hits, tries, prior in zip(self._hits[row].tolist(), self._tries[row].tolist(), self._prior_rate_list()):
-            p *= min((hits + w * prior) / (tries + w), 1.0)
-            curve.append(p)
-        return curve
-
-    def _best_count_one(self, curve: list[float], speculate: bool) -> int:
-        """`_best_draft_count` for one request, on floats: its curve falls with depth, so its top-n drafts
-        are its first n, drafted n deep."""
-        s0, sb, sv, s2, plain = self.cost.terms()
-        best, best_n, accepted = -np.inf, 0, 0.0
-        for n, rows in enumerate(self._lookahead_rows):
-            if n:
-                accepted += curve[n - 1]
-            seconds = max((s0 + s2 * rows if rows > 0 else plain) + sb + sv * n, 1e-9)
-            speed = (1.0 + accepted) / seconds
-            if speed > best and (n or not speculate):
-                best, best_n = speed, n
-        return best_n
-
-    def _prior_rates(self) -> np.ndarray:
-        """`_prior_rate_list` as an array."""
-        return np.array(self._prior_rate_list())
-
-    def _prior_rate_list(self) -> list[float]:
-        """All-request conditional acceptance per position, each shrunk towards the position before
-        it: a position rarely tried (K has not reached it lately) is assumed to accept like the last
-        one measured, not like a stale start value, so K can still grow into it."""
-        w, before, rates = self.opt.prior_weight, 0.5, []
-        # on floats: twice the speed of numpy scalars, and this runs at every choice
-        for hits, tries in zip(self.prior_hits.tolist(), self.prior_tries.tolist()):
+    def _prior_rates(self) -> list[float]:
+        """All-request conditional acceptance per position, each shrunk towards the position before it: a
+        position rarely tried (K has not reached it lately) is assumed to accept like the last one measured,
+        not like a stale start value, so K can still grow into it."""
+        counts, before, rates = self.prior, 0.5, []
+        w = self.opt.prior_weight * counts.scale
+        for hits, tries in zip(counts.hits, counts.tries):
             before = (hits + w * before) / (tries + w)
             rates.append(before)
         return rates
@@ -551,41 +610,55 @@ class DepthController:
         step by step; the head drafts that deep in the next step, whatever K is then chosen."""
         return min(self.opt.max_k, max(2 * k, self.opt.probe_k, self.opt.min_k))
 
-    def _best_draft_count(self, curves: np.ndarray, speculate: bool) -> tuple[int, list[float]]:
+    def _floor(self, batch: int, top: float) -> float:
+        """Acceptance probability below which a draft cannot raise the best speed of a step over `batch`
+        requests whose likeliest draft is `top`: sv x a lower bound on the best drafting speed (that draft
+        alone, the weighing's first candidate), since each further draft adds at least sv seconds; the likeliest
+        draft is kept whatever its value (with speculation forced, n = 1 is the least there is)."""
+        s0, sb, sv, s2, _ = self.cost.terms()
+        one = s0 + s2 * batch * self._lookahead_rows[1] + sb * batch + sv
+        return min(sv * (batch + top) / (one if one > 1e-9 else 1e-9), top)
+
+    def _best_draft_count(self, curves: _Curves, speculate: bool) -> tuple[int, list[float]]:
         """n maximising expected tokens per predicted second over the top-n acceptance probabilities
         (n = 0: a plain step, not a candidate when `speculate`), and those probabilities sorted, as far as
-        they may reach. A draft whose probability is below sv x L, L a lower bound on the best speed, cannot
-        raise any speed at or above L (each further draft adds at least sv seconds), nor can the smaller ones
-        after it: only the drafts at or above that floor are sorted and weighed (L: the likeliest draft alone,
-        priced at the deepest draft rows; then, as they are weighed in order, the best speed so far with a
-        draft: a plain step's may be faster, but the first draft's price, the draft path's, is no floor). Most of
-        the B x K_max probabilities lie far below it (at c=16 here some 20 of 512 remain), and the weighing
-        runs on floats, stopping there: numpy's per-call overhead was most of the choice's time in the engine.
-        The same choice as weighing every draft (the same arithmetic in the same order)."""
-        b, kmax = curves.shape
-        values = curves.ravel()
+        they were weighed. Only drafts at or above `_floor` are computed, sorted and weighed, and the weighing
+        stops where the floor, raised to the best drafting speed so far, passes the next one (no later, smaller
+        draft can raise it either): most of the B x K_max drafts lie far below (at c=16 here some 20 of 512
+        count). A plain step's speed may be higher, but the first draft's price (the draft path's) is no floor.
+        The same choice as weighing every draft sorted (the same arithmetic in the same order; ties: the later
+        request's draft first, within a request the shallower, whose drafting the deeper needs)."""
+        b = len(curves.values)
         s0, sb, sv, s2, plain = self.cost.terms()
         lookahead, per_request = self._lookahead_rows, sb * b
-        top = float(values.max())
-        one_deepest = max(s0 + s2 * b * lookahead[kmax] + per_request + sv, 1e-9)  # one draft, the deepest rows
-        kept = np.flatnonzero(values >= min(sv * (b + top) / one_deepest, top))  # the likeliest draft at least
-        order = kept[np.argsort(values[kept], kind="stable")[::-1]]  # ties: the later draft first, as in a full sort
-        flat = values[order].tolist()
+        floor = self._floor(b, curves.top())
+        curves.fill(floor)
+        probabilities, depths = [], []  # the later request's first, each from the shallowest: the order of ties
+        for values in reversed(curves.values):
+            probabilities += values
+            depths += range(1, len(values) + 1)
+        order = sorted(range(len(probabilities)), key=probabilities.__getitem__, reverse=True)  # stable
         best, best_n = (-np.inf, 0) if speculate else (b / max(plain + per_request, 1e-9), 0)
-        gained, depth, drafting = 0.0, 0, -np.inf  # drafting: the best speed so far with n > 0
-        for n, (p, index) in enumerate(zip(flat, order.tolist()), 1):
-            if p < sv * drafting:  # the floor at the best drafting speed so far: no later draft can reach it
-                return best_n, flat[:n - 1]
+        gained, depth, base, n = 0.0, 0, 0.0, 0
+        drafting, bar = -np.inf, floor  # the best speed so far with n > 0; the floor, raised to sv times it
+        for j in order:
+            p = probabilities[j]
+            if p < bar:  # no later draft can reach it (a curve's last value may lie below the floor)
+                break
+            n += 1
             gained += p
-            if index % kmax >= depth:  # the next step drafts as deep as it reserves
-                depth = index % kmax + 1
-            seconds = s0 + s2 * (b * lookahead[depth]) + per_request + sv * n
+            if depths[j] > depth:  # the next step drafts as deep as it reserves
+                depth = depths[j]
+                base = s0 + s2 * (b * lookahead[depth]) + per_request
+            seconds = base + sv * n
             speed = (b + gained) / (seconds if seconds > 1e-9 else 1e-9)  # the fit may reach 0
             if speed > drafting:
                 drafting = speed
-            if speed > best:
-                best, best_n = speed, n
-        return best_n, flat
+                if sv * speed > bar:
+                    bar = sv * speed
+                if speed > best:
+                    best, best_n = speed, n
+        return best_n, [probabilities[j] for j in order[:n]]
 
     def choose(self, req_ids: list[str], caps: list[int] | None = None) -> list[int]:
         """K for each request of this step's batch; `caps` (e.g. the drafts whose KV slots were
@@ -630,15 +703,8 @@ class DepthController:
             faster = False
         if faster is False and not self.speculating and not self.opt.min_k:
             return self._stay_in_fallback(req_ids)
-        # one request (batch 1, where a step is shortest) on floats: numpy's per-call overhead was most of
-        # the choice's time there; the same arithmetic in the same order, so the same choices
-        one = len(req_ids) == 1
-        if one:
-            curve = self._one_curve(req_ids[0])
-            n, flat = self._best_count_one(curve, speculate=bool(faster)), curve
-        else:
-            curves = self._accept_curves(req_ids)
-            n, flat = self._best_draft_count(curves, speculate=bool(faster))
+        curves = self._curves(req_ids)
+        n, flat = self._best_draft_count(curves, speculate=bool(faster))
         if faster is False:
             n = 0
         if self.speculating and n == 0:  # entering fallback: the first probe comes one interval later
@@ -660,36 +726,34 @@ class DepthController:
                 n, self.plain_forced = 0, True
         threshold = flat[n - 1] if n > 0 else np.inf
         short = min(self.opt.probe_k, kmax) if trial and not self.plain_forced else 0  # where the model says no
-        if one:
-            out, self._expected = self._ks_one(curve, threshold, short, None if caps is None else caps[0])
-        else:
-            out, self._expected = self._ks_batch(curves, threshold, short, caps)
+        caps = [kmax] * len(req_ids) if caps is None else caps
+        out, self._expected = self._ks(curves, threshold, short, caps)
+        requests = self.requests
         for rid, k in zip(req_ids, out):
-            self._stats(rid).last_k = k
+            (requests.get(rid) or self._stats(rid)).last_k = k
         self.typical_k = max(out)
         if self.speculating and self.typical_k:
             self.spec_k = self.typical_k
         return out
 
-    def _ks_batch(self, curves: np.ndarray, threshold: float, short: int,
-                  caps: list[int] | None) -> tuple[list[int], float]:
+    def _ks(self, curves: _Curves, threshold: float, short: int, caps: list[int]) -> tuple[list[int], float]:
         """Each request's K: its drafts whose acceptance probability reaches `threshold` (at least min_k; 0
         becomes `short`, a trial's short draft), within `caps`; and the tokens per request they are
         expected to emit (one, and each request's probabilities over its kept drafts)."""
-        ks = np.maximum((curves >= threshold).sum(axis=1), self.opt.min_k)  # a count: never above kmax
-        if short:
-            ks[ks == 0] = short
-        if caps is not None:
-            ks = np.minimum(ks, caps)
-        drafted = np.cumsum(curves, axis=1)[np.arange(len(ks)), np.maximum(ks - 1, 0)]
-        return ks.tolist(), 1.0 + float(np.where(ks > 0, drafted, 0.0).sum()) / len(ks)
-
-    def _ks_one(self, curve: list[float], threshold: float, short: int, cap: int | None) -> tuple[list[int], float]:
-        """`_ks_batch` for one request, on floats."""
-        k = max(sum(p >= threshold for p in curve), self.opt.min_k) or short
-        if cap is not None:
-            k = min(k, cap)
-        return [k], 1.0 + (sum(curve[:k]) if k > 0 else 0.0)
+        ks, expected, min_k = [], 0.0, self.opt.min_k
+        for r, (values, cap) in enumerate(zip(curves.values, caps)):
+            k = 0
+            for p in values:  # a curve falls with depth: the drafts that reach the threshold lead it
+                if p < threshold:
+                    break
+                k += 1
+            else:  # all computed reach it: ties at the threshold past them
+                k = curves.reaching(r, threshold)
+            k = min(max(k, min_k) or short, cap)
+            if k:
+                expected += sum(values[:k] if k <= len(values) else curves.prefix(r, k))
+            ks.append(k)
+        return ks, 1.0 + expected / len(ks)
 
     def _quiet_fallback(self, req_ids: list[str]) -> bool:
         """In fallback with nothing due at this step, so that the rest of `choose` would only keep it there:
@@ -700,7 +764,8 @@ class DepthController:
         (a step in fallback is the shortest there is)."""
         if self.speculating or self.opt.min_k or self.steps >= self.next_probe:
             return False
-        if self._smaller_than_tried(_bucket(len(req_ids))) or self.speculation_measured_faster(len(req_ids)) is not False:
+        batch = len(req_ids)
+        if self._smaller_than_tried(_bucket(batch)) or self.speculation_measured_faster(batch) is not False:
             return False
         return not self._arrival_trial(req_ids)
 

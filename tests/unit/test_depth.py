@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from peagle_vllm.depth import CostModel, DepthController, DepthOptions, Step
+from peagle_vllm.depth import RESCALE, CostModel, DepthController, DepthOptions, Step, _Counts, _Stats
 
 RECORDED_STEPS = Path(__file__).parent / "data" / "demo_engine_steps_c1.json"
 
@@ -540,26 +540,6 @@ def test_plain_next_says_what_each_reservation_at_k0_says() -> None:
     assert held > 300
 
 
-def test_one_request_on_floats_chooses_as_the_batch_arithmetic_does() -> None:
-    """Batch 1 runs the same arithmetic on floats (numpy's overhead dominated there): same curve, same
-    draft count, same K and expected tokens as the array code on a one-row batch."""
-    rng = np.random.default_rng(7)
-    for trial in range(40):
-        ctrl = DepthController(DepthOptions(max_k=16))
-        for _ in range(30):
-            k = int(rng.integers(1, 17))
-            ctrl.observe(["r"], [k], [int(rng.integers(0, k + 1))])
-            ctrl.observe_step(Step(tokens=1 + k, draft_rows=int(rng.integers(1, 33)),
-                                   seconds=float(rng.uniform(4e-3, 2e-2)), emitted=1, verified=k))
-            ctrl.observe_step(Step(tokens=1, draft_rows=0, seconds=float(rng.uniform(3e-3, 6e-3)), emitted=1))
-        curve = ctrl._one_curve("r")
-        assert curve == ctrl._accept_curves(["r"])[0].tolist()
-        for speculate in (False, True):
-            assert ctrl._best_count_one(curve, speculate) == ctrl._best_draft_count(np.array([curve]), speculate)[0]
-        threshold, short, cap = curve[int(rng.integers(0, 16))], int(rng.integers(0, 3)), int(rng.integers(0, 17))
-        assert ctrl._ks_one(curve, threshold, short, cap) == ctrl._ks_batch(np.array([curve]), threshold, short, [cap])
-
-
 def _steps(ctrl: DepthController, ids: list[str], steps: int, plain_s: float, spec_s: float) -> list[int]:
     """`steps` engine steps of the batch `ids` (every draft accepted), timed plain_s without a draft and spec_s
     with one; the drafts verified per step."""
@@ -675,9 +655,11 @@ def test_beyond_batch_one_each_probe_lost_in_a_row_doubles_the_interval(batch: i
 
 
 def _best_count_full_sort(ctrl: DepthController, curves: np.ndarray, speculate: bool) -> tuple[int, np.ndarray]:
-    """`_best_draft_count` weighing every draft (no floor): the reference it must agree with."""
+    """`_best_draft_count` weighing every draft sorted (no floor, every curve computed in full): the reference it
+    must agree with. Ties: the later request's draft first, within a request the shallower."""
     b, kmax = curves.shape
-    order = np.argsort(curves.ravel(), kind="stable")[::-1]
+    request, position = np.divmod(np.arange(b * kmax), kmax)
+    order = np.lexsort((position, -request, -curves.ravel()))
     flat = curves.ravel()[order]
     depth = np.maximum.accumulate(order % kmax + 1)
     gain = b + np.concatenate([[0.0], np.cumsum(flat)])
@@ -688,22 +670,68 @@ def _best_count_full_sort(ctrl: DepthController, curves: np.ndarray, speculate: 
     return (1 + int(np.argmax(speed[1:])) if speculate else int(np.argmax(speed))), flat
 
 
+def _with_rates(kmax: int, rates: np.ndarray) -> tuple[DepthController, list[str]]:
+    """A controller whose requests accept at exactly these per-position rates (one try each, no prior)."""
+    ctrl = DepthController(DepthOptions(max_k=kmax, prior_weight=0.0))
+    ctrl.prior = _Counts([1.0] * kmax, [0.5] * kmax)
+    ids = [f"r{i}" for i in range(len(rates))]
+    for rid, row in zip(ids, rates):
+        ctrl.requests[rid] = _Stats(_Counts([1.0] * kmax, row.tolist()))
+    return ctrl, ids
+
+
 def test_the_best_draft_count_weighs_only_drafts_that_may_count_and_chooses_as_a_full_sort() -> None:
     """Random acceptance curves (ties, saturated and zero rows included) and cost fits (zero terms included):
-    the same draft count and the same top probabilities as sorting every draft."""
+    the same draft count and the same top probabilities as sorting every draft, and few drafts computed."""
     rng = np.random.default_rng(3)
+    computed = total = 0
     for trial in range(400):
         kmax, b = int(rng.choice([4, 8, 32])), int(rng.integers(1, 40))
-        ctrl = DepthController(DepthOptions(max_k=kmax))
+        rates = np.round(rng.uniform(0.0, 1.0, (b, kmax)) ** rng.uniform(0.05, 3), int(rng.integers(1, 4)))
+        rates[rng.random(b) < 0.1] = 1.0
+        ctrl, ids = _with_rates(kmax, rates)
         present = rng.choice([0.0, 1.0], size=3, p=[0.15, 0.85])  # a term at 0 now and then
         s0, s1, s2 = present * np.array([1e-2, 3e-4, 2e-5]) * rng.uniform(0.2, 5, 3)
         dv = s1 * rng.uniform(-1.0, 0.5)  # a verified draft at 0-1.5x a request's token
-        ctrl.cost._s, ctrl.cost._p0 = np.array([s0, s1, dv, s2]), float(rng.uniform(0.2, 1.5) * 1e-2)
+        ctrl.cost._s, ctrl.cost._p0 = [float(s0), float(s1), float(dv), float(s2)], float(rng.uniform(0.2, 1.5) * 1e-2)
         ctrl.cost._seen = 0  # the fit is not solved again: these costs stand
-        rates = np.round(rng.uniform(0.0, 1.0, (b, kmax)) ** rng.uniform(0.05, 3), int(rng.integers(1, 4)))
-        rates[rng.random(b) < 0.1] = 1.0
-        curves = np.cumprod(rates, axis=1)
         for speculate in (True, False):
+            curves = ctrl._curves(ids)
             n, flat = ctrl._best_draft_count(curves, speculate)
-            n_ref, flat_ref = _best_count_full_sort(ctrl, curves, speculate)
+            n_ref, flat_ref = _best_count_full_sort(ctrl, np.cumprod(rates, axis=1), speculate)
             assert n == n_ref and np.array_equal(flat[:n], flat_ref[:n]), (trial, speculate, n, n_ref)
+            computed, total = computed + sum(map(len, curves.values)), total + b * kmax
+    assert computed < 0.5 * total
+
+
+def test_lazily_decayed_counts_equal_the_decayed_sums() -> None:
+    """`_Counts` (true counts x a growing scale, brought back past RESCALE) against decaying every position."""
+    rng = np.random.default_rng(5)
+    counts, tries, hits = _Counts([0.0] * 8, [0.0] * 8), np.zeros(8), np.zeros(8)
+    for _ in range(3000):  # 0.9 ** -3000 passes RESCALE many times over
+        seen = int(rng.integers(1, 9))
+        accepted = int(rng.integers(0, seen + 1))
+        counts.add(seen, accepted, 0.9)
+        tries, hits = 0.9 * tries, 0.9 * hits
+        tries[:seen] += 1.0
+        hits[:accepted] += 1.0
+        assert counts.scale <= RESCALE
+        assert np.allclose(np.array(counts.tries) / counts.scale, tries, rtol=1e-9)
+        assert np.allclose(np.array(counts.hits) / counts.scale, hits, rtol=1e-9)
+
+
+def test_the_cost_fit_decays_its_sums_lazily() -> None:
+    """CostModel's sums (kept x a growing scale, brought back past RESCALE) against decaying them each step."""
+    rng = np.random.default_rng(6)
+    model, xx, xy = CostModel(), np.zeros((5, 5)), np.zeros(5)
+    for _ in range(8000):  # 0.98 ** -8000 passes RESCALE
+        requests = int(rng.integers(1, 65))
+        rows = int(rng.choice([0, requests * int(rng.integers(1, 9))]))
+        tokens = requests + (int(rng.integers(0, 4 * requests)) if rows else 0)
+        seconds = float(rng.uniform(1e-3, 5e-2))
+        model.observe(requests, tokens, rows, seconds)
+        x = np.array([float(rows > 0), float(rows == 0), tokens, tokens - requests, rows])
+        xx, xy = 0.98 * xx + np.outer(x, x), 0.98 * xy + x * seconds
+        assert model._scale <= RESCALE
+    assert np.allclose(np.array(model._xx).reshape(5, 5) / model._scale, xx, rtol=1e-9)
+    assert np.allclose(np.array(model._xy) / model._scale, xy, rtol=1e-9)
