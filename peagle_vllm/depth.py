@@ -403,6 +403,7 @@ class DepthController:
         self.lost_probes: dict[int, int] = {}  # per batch-size bucket beyond 1: probes in a row that ended in fallback
         self._probing = False  # the current stretch of speculation began with a probe from fallback
         self._stretch: float | None = None  # seconds gained so far by the latest trial at batch 1
+        self._held: tuple[str, ...] = ()  # the batch of the latest choice, when it held the batch in fallback
 
     def observe(self, req_ids: list[str], num_drafts: list[int], num_accepted: list[int]) -> None:
         """A step's verification results: request i's drafts 1..num_accepted[i] accepted, the next one
@@ -728,7 +729,7 @@ class DepthController:
         short = min(self.opt.probe_k, kmax) if trial and not self.plain_forced else 0  # where the model says no
         caps = [kmax] * len(req_ids) if caps is None else caps
         out, self._expected = self._ks(curves, threshold, short, caps)
-        requests = self.requests
+        requests, self._held = self.requests, ()
         for rid, k in zip(req_ids, out):
             (requests.get(rid) or self._stats(rid)).last_k = k
         self.typical_k = max(out)
@@ -781,9 +782,12 @@ class DepthController:
     def _stay_in_fallback(self, req_ids: list[str]) -> list[int]:
         """`choose` for a batch in fallback with nothing due and `min_k` 0: K=0 for all, nothing to weigh."""
         self.plain_left, self.plain_forced = 0, False
-        requests = self.requests
-        for rid in req_ids:
-            (requests.get(rid) or self._stats(rid)).last_k = 0
+        batch = tuple(req_ids)
+        if batch != self._held:  # else the batch held at the step before: its requests are at K=0 already
+            requests = self.requests
+            for rid in req_ids:
+                (requests.get(rid) or self._stats(rid)).last_k = 0
+            self._held = batch
         self.typical_k, self._expected = 0, 1.0
         return [0] * len(req_ids)
 

@@ -190,8 +190,8 @@ def _step(scheduler_output, model_runner_output, seconds: float, max_k: int) -> 
     requests = len(scheduler_output.num_scheduled_tokens)
     return Step(tokens=scheduler_output.total_num_scheduled_tokens,
                 draft_rows=getattr(scheduler_output, DRAFT_DEPTH_ATTR, max_k) * requests, seconds=seconds,
-                requests=requests, emitted=sum(len(t) for t in model_runner_output.sampled_token_ids),
-                verified=sum(len(d) for d in scheduler_output.scheduled_spec_decode_tokens.values()))
+                requests=requests, emitted=sum(map(len, model_runner_output.sampled_token_ids)),
+                verified=sum(map(len, scheduler_output.scheduled_spec_decode_tokens.values())))
 
 
 def _wrap_update_from_output(original):
@@ -287,8 +287,8 @@ def patch() -> None:
     Scheduler._peagle_lookahead = _lookahead
     Scheduler._peagle_release_surplus = _release_surplus
     for name, wrap in (("__init__", _wrap_init), ("schedule", _wrap_schedule),
-                       ("update_draft_token_ids", _wrap_update_drafts), ("update_from_output", _wrap_update_from_output),
-                       ("make_stats", _wrap_make_stats)):
+                       ("update_draft_token_ids", _wrap_update_drafts),
+                       ("update_from_output", _wrap_update_from_output), ("make_stats", _wrap_make_stats)):
         wrapped = wrap(getattr(Scheduler, name))
         wrapped.__peagle_patched__ = True
         setattr(Scheduler, name, wrapped)
