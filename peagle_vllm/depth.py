@@ -314,13 +314,26 @@ class _Curves:
     B x K_max drafts lie far below the floor, and numpy's per-call overhead was most of a choice's time in the
     engine."""
 
-    __slots__ = ("rows", "prior", "kmax", "values")
+    __slots__ = ("rows", "prior", "kmax", "values", "_counts", "_weight")
 
-    def __init__(self, rows: list[tuple[list[float], list[float], float]], prior: list[float], kmax: int) -> None:
+    def __init__(self, rows: list[tuple[list[float], list[float], float]], prior: _Counts, prior_weight: float,
+                 kmax: int) -> None:
         self.rows = rows  # per request: its decayed hits, tries (`_Counts`), and the prior's weight on their scale
-        self.prior, self.kmax = prior, kmax
-        p0 = prior[0]
+        self.kmax, self._counts, self._weight = kmax, prior, prior_weight * prior.scale
+        self.prior: list[float] = []  # the prior's rates, as far as computed (`_prior_to`)
+        self._prior_to(1)
+        p0 = self.prior[0]
         self.values = [[min((hits[0] + w * p0) / (tries[0] + w), 1.0)] for hits, tries, w in rows]
+
+    def _prior_to(self, upto: int) -> None:
+        """The all-request conditional acceptance at positions 1..upto, each shrunk towards the position before
+        it: a position rarely tried (K has not reached it lately) is assumed to accept like the last one
+        measured, not like a stale start value, so K can still grow into it."""
+        rates, hits, tries, w = self.prior, self._counts.hits, self._counts.tries, self._weight
+        before = rates[-1] if rates else 0.5
+        for i in range(len(rates), min(upto, self.kmax)):
+            before = (hits[i] + w * before) / (tries[i] + w)
+            rates.append(before)
 
     def top(self) -> float:
         """The likeliest draft of all (a first one: P falls with depth)."""
@@ -332,6 +345,8 @@ class _Curves:
         for (hits, tries, w), values in zip(self.rows, self.values):
             p, i = values[-1], len(values)
             while p >= floor and i < kmax:
+                if i == len(prior):
+                    self._prior_to(2 * i)
                 rate = (hits[i] + w * prior[i]) / (tries[i] + w)
                 p *= rate if rate < 1.0 else 1.0  # min() is a call: twice the time of this loop's arithmetic
                 values.append(p)
@@ -358,6 +373,8 @@ class _Curves:
     def _extend(self, r: int, upto: int) -> None:
         hits, tries, w = self.rows[r]
         values, prior = self.values[r], self.prior
+        if upto > len(prior):
+            self._prior_to(upto)
         p = values[-1]
         for i in range(len(values), upto):
             rate = (hits[i] + w * prior[i]) / (tries[i] + w)
@@ -561,18 +578,7 @@ class DepthController:
         for rid in req_ids:
             s = self.requests.get(rid)
             rows.append((zeros, zeros, w) if s is None else (s.counts.hits, s.counts.tries, w * s.counts.scale))
-        return _Curves(rows, self._prior_rates(), self.opt.max_k)
-
-    def _prior_rates(self) -> list[float]:
-        """All-request conditional acceptance per position, each shrunk towards the position before it: a
-        position rarely tried (K has not reached it lately) is assumed to accept like the last one measured,
-        not like a stale start value, so K can still grow into it."""
-        counts, before, rates = self.prior, 0.5, []
-        w = self.opt.prior_weight * counts.scale
-        for hits, tries in zip(counts.hits, counts.tries):
-            before = (hits + w * before) / (tries + w)
-            rates.append(before)
-        return rates
+        return _Curves(rows, self.prior, self.opt.prior_weight, self.opt.max_k)
 
     def reservation(self, req_id: str, batch: int | None = None) -> int:
         """Most drafts this request may be given at its next choice (and lookahead to reserve for).
