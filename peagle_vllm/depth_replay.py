@@ -33,10 +33,10 @@ PREFILL_MS_PER_TOKEN = 0.11
 HEAD_PROMPT_MS_PER_TOKEN = 0.05
 # the adaptive engine's own hooks (scheduler hooks, the controller, the front end's share), as a share of the
 # step by batch size, in steps that draft and in plain ones (fallback): each hook timed in the engine as its
-# wrapper less vLLM's original (session 12). A choice, its acceptance update and the per-request KV bookkeeping
-# run only in steps that draft; in fallback most steps take the quiet path
-HOOKS_SHARE = {"draft": {1: 0.022, 4: 0.036, 16: 0.030, 64: 0.025},
-               "plain": {1: 0.018, 4: 0.015, 16: 0.011, 64: 0.0062}}
+# wrapper less vLLM's original (session 13; at c=4-64 with speculation held on). A choice, its acceptance update and
+# the per-request KV bookkeeping run only in steps that draft; in fallback most steps take the quiet path
+HOOKS_SHARE = {"draft": {1: 0.021, 4: 0.020, 16: 0.017, 64: 0.024},
+               "plain": {1: 0.019, 4: 0.017, 16: 0.011, 64: 0.0063}}
 ROW_FREE = 16  # draft rows per request that cost nothing measurable (K=4 verified, 4..32 rows at c=1:
 ROW_MS = 0.045  # 7.00, 7.21, 7.02, 7.76 ms); each row beyond costs this, per request
 
