@@ -341,16 +341,8 @@ class _Curves:
 
     def fill(self, floor: float) -> None:
         """Each curve computed down to `floor` (the first value below it included, or to K_max)."""
-        prior, kmax = self.prior, self.kmax
-        for (hits, tries, w), values in zip(self.rows, self.values):
-            p, i = values[-1], len(values)
-            while p >= floor and i < kmax:
-                if i == len(prior):
-                    self._prior_to(2 * i)
-                rate = (hits[i] + w * prior[i]) / (tries[i] + w)
-                p *= rate if rate < 1.0 else 1.0  # min() is a call: twice the time of this loop's arithmetic
-                values.append(p)
-                i += 1
+        for r in range(len(self.values)):
+            self._extend(r, self.kmax, floor)
 
     def reaching(self, r: int, threshold: float) -> int:
         """How many of request r's drafts have a probability of at least `threshold` (a prefix: P falls)."""
@@ -366,20 +358,21 @@ class _Curves:
 
     def prefix(self, r: int, upto: int) -> list[float]:
         """P_r(1..upto)."""
-        if len(self.values[r]) < upto:
-            self._extend(r, upto)
+        self._extend(r, upto)
         return self.values[r][:upto]
 
-    def _extend(self, r: int, upto: int) -> None:
+    def _extend(self, r: int, upto: int, floor: float = -np.inf) -> None:
+        """Request r's curve computed to depth `upto`, or until a value falls below `floor` (that one included)."""
         hits, tries, w = self.rows[r]
         values, prior = self.values[r], self.prior
-        if upto > len(prior):
-            self._prior_to(upto)
-        p = values[-1]
-        for i in range(len(values), upto):
+        p, i = values[-1], len(values)
+        while p >= floor and i < upto:
+            if i == len(prior):
+                self._prior_to(2 * i)
             rate = (hits[i] + w * prior[i]) / (tries[i] + w)
-            p *= rate if rate < 1.0 else 1.0
+            p *= rate if rate < 1.0 else 1.0  # min() is a call: twice the time of this loop's arithmetic
             values.append(p)
+            i += 1
 
 
 class DepthController:
@@ -757,17 +750,10 @@ class DepthController:
         becomes `short`, a trial's short draft), within `caps`; and the tokens per request they are
         expected to emit (one, and each request's probabilities over its kept drafts)."""
         ks, expected, min_k = [], 0.0, self.opt.min_k
-        for r, (values, cap) in enumerate(zip(curves.values, caps)):
-            k = 0
-            for p in values:  # a curve falls with depth: the drafts that reach the threshold lead it
-                if p < threshold:
-                    break
-                k += 1
-            else:  # all computed reach it: ties at the threshold past them
-                k = curves.reaching(r, threshold)
-            k = min(max(k, min_k) or short, cap)
+        for r, cap in enumerate(caps):
+            k = min(max(curves.reaching(r, threshold), min_k) or short, cap)
             if k:
-                expected += sum(values[:k] if k <= len(values) else curves.prefix(r, k))
+                expected += sum(curves.prefix(r, k))
             ks.append(k)
         return ks, 1.0 + expected / len(ks)
 
