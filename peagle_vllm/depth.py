@@ -6,9 +6,10 @@ conditional acceptance, estimated online with decay, shrunk towards the all-requ
 over B requests that verifies V drafts and drafts D rows (the head runs over B requests x the step's
 draft depth) costs s0 + sb B + sv V + s2 D; a plain step (no draft) costs p0 + sb B, and s0 - p0 is what
 running the draft path at all costs (on a small target it can exceed a whole plain step). Emitted tokens are
-B + the sum of P over the drafts kept. Since P_r(i) falls with i, the best set of drafts is the
-top-n values of P overall for some n: sort once, pick the n maximising (B + prefix sum) / cost(n),
-where n = 0 is a plain step (nothing verified, nothing drafted).
+B + the sum of P over the drafts kept. D follows the step's deepest draft (the head drafts every request
+that deep), so for each draft depth d the best drafts are those at most d deep whose P reaches a threshold
+(P_r(i) falls with i): the pair (d, threshold) maximising (B + their sum) / cost is chosen, or a plain step
+(nothing verified, nothing drafted) when that is faster.
 
 Measured speeds. The model can be biased (costs that are not linear, overheads it cannot see), so
 the measured speed (tokens per request-second, per batch size within a factor of two) of recent
@@ -309,10 +310,10 @@ def _bucket(batch: int) -> int:
 
 class _Curves:
     """A batch's acceptance curves, P_r(i) = the probability that request r's first i drafts are all accepted,
-    computed only as far as they are asked for: the first of each, then (`fill`) down to a floor below which no
-    draft can count, then further only for ties and short drafts. On floats, in plain loops: most of the
-    B x K_max drafts lie far below the floor, and numpy's per-call overhead was most of a choice's time in the
-    engine."""
+    computed only as far as they are asked for: the first of each, then (`column`) depth by depth for the
+    requests whose drafts may still count, then further only for ties and short drafts. On floats, in plain
+    loops: most of the B x K_max drafts never count, and numpy's per-call overhead was most of a choice's time
+    in the engine."""
 
     __slots__ = ("rows", "prior", "kmax", "values", "_counts", "_weight")
 
@@ -335,38 +336,45 @@ class _Curves:
             before = (hits[i] + w * before) / (tries[i] + w)
             rates.append(before)
 
-    def top(self) -> float:
-        """The likeliest draft of all (a first one: P falls with depth)."""
-        return max(values[0] for values in self.values)
-
-    def fill(self, floor: float) -> None:
-        """Each curve computed down to `floor` (the first value below it included, or to K_max)."""
-        for r in range(len(self.values)):
-            self._extend(r, self.kmax, floor)
-
-    def reaching(self, r: int, threshold: float) -> int:
-        """How many of request r's drafts have a probability of at least `threshold` (a prefix: P falls)."""
-        values, k = self.values[r], 0
+    def reaching(self, r: int, threshold: float, upto: int) -> int:
+        """How many of request r's first `upto` drafts have a probability of at least `threshold` (a prefix: P
+        falls)."""
+        values, k, upto = self.values[r], 0, min(upto, self.kmax)
         while True:
+            if k == upto:
+                return k
             if k == len(values):
-                if k == self.kmax:
-                    return k
-                self._extend(r, k + 1)  # ties at the threshold, past what was computed
+                self._extend(r, k + 1)  # past what the weighing computed (ties at the threshold, short drafts)
             if values[k] < threshold:
                 return k
             k += 1
+
+    def column(self, d: int, rows: list[int] | range) -> list[float]:
+        """P_r(d) for each of these requests, whose curves reach depth d - 1 (computed where missing): the
+        weighing goes depth by depth, and a call per value cost more than its arithmetic."""
+        if d > len(self.prior):
+            self._prior_to(2 * d)
+        prior_rate, i, out = self.prior[d - 1], d - 1, []
+        for r in rows:
+            values = self.values[r]
+            if len(values) == i:
+                hits, tries, w = self.rows[r]
+                rate = (hits[i] + w * prior_rate) / (tries[i] + w)
+                values.append(values[-1] * (rate if rate < 1.0 else 1.0))
+            out.append(values[i])
+        return out
 
     def prefix(self, r: int, upto: int) -> list[float]:
         """P_r(1..upto)."""
         self._extend(r, upto)
         return self.values[r][:upto]
 
-    def _extend(self, r: int, upto: int, floor: float = -np.inf) -> None:
-        """Request r's curve computed to depth `upto`, or until a value falls below `floor` (that one included)."""
+    def _extend(self, r: int, upto: int) -> None:
+        """Request r's curve computed to depth `upto`."""
         hits, tries, w = self.rows[r]
         values, prior = self.values[r], self.prior
         p, i = values[-1], len(values)
-        while p >= floor and i < upto:
+        while i < upto:
             if i == len(prior):
                 self._prior_to(2 * i)
             rate = (hits[i] + w * prior[i]) / (tries[i] + w)
@@ -610,64 +618,52 @@ class DepthController:
         step by step; the head drafts that deep in the next step, whatever K is then chosen."""
         return min(self.opt.max_k, max(2 * k, self.opt.probe_k, self.opt.min_k))
 
-    def _floor(self, batch: int, top: float) -> float:
-        """Acceptance probability below which a draft cannot raise the best speed of a step over `batch`
-        requests whose likeliest draft is `top`: sv x a lower bound on the best drafting speed (that draft
-        alone, the weighing's first candidate), since each further draft adds at least sv seconds; the likeliest
-        draft is kept whatever its value (with speculation forced, n = 1 is the least there is)."""
-        s0, sb, sv, s2, _ = self.cost.terms()
-        one = s0 + s2 * batch * self._lookahead_rows[1] + sb * batch + sv
-        return min(sv * (batch + top) / (one if one > 1e-9 else 1e-9), top)
-
-    def _best_draft_count(self, curves: _Curves, speculate: bool) -> tuple[int, list[float]]:
-        """n maximising expected tokens per predicted second over the top-n acceptance probabilities
-        (n = 0: a plain step, not a candidate when `speculate`), and those probabilities sorted, as far as
-        they were weighed. Only drafts at or above `_floor` are computed, sorted and weighed, and the weighing
-        stops where the floor, raised to the best drafting speed so far, passes the next one (no later, smaller
-        draft can raise it either): most of the B x K_max drafts lie far below (at c=16 here some 20 of 512
-        count). A plain step's speed may be higher, but the first draft's price (the draft path's) is no floor.
-        It also stops once the drafts left cannot beat the best speed even together: their mass (summed
-        probabilities) M, each at most the next one's p and each adding at least sv seconds, raises the speed to
-        at most (tokens + M) / (seconds + sv M / p) (where verification is cheap next to drafting deeper, the
-        floor alone left some 140 of 150 drafts to weigh at c=16 here, for an optimum near 25).
-        The same choice as weighing every draft sorted (the same arithmetic in the same order; ties: the later
-        request's draft first, within a request the shallower, whose drafting the deeper needs)."""
+    def _best_drafts(self, curves: _Curves, speculate: bool) -> tuple[float, int]:
+        """(threshold, depth): the drafts kept are those at most `depth` deep whose acceptance probability
+        reaches `threshold`, the pair maximising expected tokens per predicted second ((inf, 0): a plain step,
+        not a candidate when `speculate`). The next step drafts its whole batch as deep as its deepest draft
+        reserves, so at each depth d the draft cost is fixed and the best drafts within it lie above a
+        threshold: Dinkelbach's iteration finds them (the drafts with P >= sv S have the most tokens - S seconds
+        of any set; while their speed beats S, it is the next S). Each depth is weighed only for what it may add
+        to the best speed so far (the drafts reaching sv times it), and the weighing stops at the depth none
+        reaches (P falls with depth: no deeper one does either); curves are computed depth by depth, only for
+        requests whose draft before reached that bar. Weighing each depth, not only the top-n drafts overall
+        (whose deepest draft, often one easy request's, sets every request's draft rows), lets a batch draft 1-2
+        deep where one request alone would take it to 8: in replays at 0.35 of this machine's draft cost, 0.91
+        -> 0.95 of the best fixed K at c=64, 0.94 -> 0.95 at c=16 (c=2-8 within about 1% of before)."""
         b = len(curves.values)
         s0, sb, sv, s2, plain = self.cost.terms()
         lookahead, per_request = self._lookahead_rows, sb * b
-        floor = self._floor(b, curves.top())
-        curves.fill(floor)
-        probabilities, depths = [], []  # the later request's first, each from the shallowest: the order of ties
-        for values in reversed(curves.values):
-            probabilities += values
-            depths += range(1, len(values) + 1)
-        order = sorted(range(len(probabilities)), key=probabilities.__getitem__, reverse=True)  # stable
-        mass = sum(probabilities) - sum(values[-1] for values in curves.values if values[-1] < floor)
-        best, best_n = (-np.inf, 0) if speculate else (b / max(plain + per_request, 1e-9), 0)
-        gained, depth, base, n = 0.0, 0, 0.0, 0
-        drafting, bar = -np.inf, floor  # the best speed so far with n > 0; the floor, raised to sv times it
-        for j in order:
-            p = probabilities[j]
-            if p < bar:  # no later draft can reach it (a curve's last value may lie below the floor)
+        best, threshold, depth = (-np.inf, np.inf, 0) if speculate else (b / max(plain + per_request, 1e-9), np.inf, 0)
+        # the likeliest draft (a first one) alone: the best there is where each draft costs more than it yields
+        top = max(curve[0] for curve in curves.values)
+        one = (b + top) / max(s0 + s2 * (b * lookahead[1]) + per_request + sv, 1e-9)
+        if one > best:
+            best, threshold, depth = one, top, 1
+        values, kept = curves.values, [0] * b  # per request: its drafts in the set weighed
+        gained, n, alive = 0.0, 0, range(b)  # alive: requests whose draft at the next depth may reach the bar
+        for d in range(1, curves.kmax + 1):
+            bar, reaching = sv * best, []
+            for r, p in zip(alive, curves.column(d, alive)):
+                if p >= bar:
+                    kept[r], gained, n = d, gained + p, n + 1
+                    reaching.append(r)
+            if not reaching:
                 break
-            left = mass - gained
-            # nor all of them together (with a margin for the sums' rounding, which differs from the weighing's)
-            if n and p > 0.0 and (b + mass) * (1.0 + 1e-9) <= best * (base + sv * (n + left / p)):
-                break
-            n += 1
-            gained += p
-            if depths[j] > depth:  # the next step drafts as deep as it reserves
-                depth = depths[j]
-                base = s0 + s2 * (b * lookahead[depth]) + per_request
-            seconds = base + sv * n
-            speed = (b + gained) / (seconds if seconds > 1e-9 else 1e-9)  # the fit may reach 0
-            if speed > drafting:
-                drafting = speed
-                if sv * speed > bar:
-                    bar = sv * speed
-                if speed > best:
-                    best, best_n = speed, n
-        return best_n, [probabilities[j] for j in order[:n]]
+            base = s0 + s2 * (b * lookahead[d]) + per_request
+            while True:  # the drafts at depth <= d reaching `bar`, as long as their speed beats the best
+                seconds = base + sv * n
+                speed = (b + gained) / (seconds if seconds > 1e-9 else 1e-9)  # the fit may reach 0
+                if not (n and speed > best):  # (no draft at all is no candidate: a plain step costs less)
+                    break
+                best, threshold, depth = speed, bar, d
+                bar = sv * best
+                for r, k in enumerate(kept):
+                    while k and values[r][k - 1] < bar:
+                        k, gained, n = k - 1, gained - values[r][k - 1], n - 1
+                    kept[r] = k
+            alive = [r for r in reaching if kept[r] == d]
+        return threshold, depth
 
     def choose(self, req_ids: list[str], caps: list[int] | None = None) -> list[int]:
         """K for each request of this step's batch; `caps` (e.g. the drafts whose KV slots were
@@ -713,10 +709,10 @@ class DepthController:
         if faster is False and not self.speculating and not self.opt.min_k:
             return self._stay_in_fallback(req_ids)
         curves = self._curves(req_ids)
-        n, flat = self._best_draft_count(curves, speculate=bool(faster))
+        threshold, depth = self._best_drafts(curves, speculate=bool(faster))
         if faster is False:
-            n = 0
-        if self.speculating and n == 0:  # entering fallback: the first probe comes one interval later
+            threshold = np.inf
+        if self.speculating and threshold == np.inf:  # entering fallback: the first probe comes one interval later
             self.fallback_bucket = bucket
             backoff = 2 ** self._count_lost_probe(bucket)
             self.probe_interval = backoff * self._fallback_interval(len(req_ids), PROBE_BUDGET[len(req_ids) > 1])
@@ -724,7 +720,7 @@ class DepthController:
             self.early_interval = backoff * self._fallback_interval(len(req_ids), PROBE_BUDGET[0])
             self._schedule_probe()
             self._close_stretch()
-        self.speculating = n > 0
+        self.speculating = threshold < np.inf
         self.plain_left, self.plain_forced = max(self.plain_left - 1, 0), False
         if self.speculating:  # plain steps keep plain decoding's speed measured (see the module's doc)
             if not in_trial and self.steps >= self.next_explore:
@@ -732,11 +728,10 @@ class DepthController:
                 if bucket in self.speeds:  # plain decoding timed afresh, as a trial times speculation
                     self.speeds[bucket] = (_Speed(PLAIN_DECAY), self.speeds[bucket][1])
             if self.plain_left or self._plain_unmeasured(len(req_ids)):
-                n, self.plain_forced = 0, True
-        threshold = flat[n - 1] if n > 0 else np.inf
+                threshold, self.plain_forced = np.inf, True
         short = min(self.opt.probe_k, kmax) if trial and not self.plain_forced else 0  # where the model says no
         caps = [kmax] * len(req_ids) if caps is None else caps
-        out, self._expected = self._ks(curves, threshold, short, caps)
+        out, self._expected = self._ks(curves, threshold, depth, short, caps)
         requests, self._held = self.requests, ()
         for rid, k in zip(req_ids, out):
             (requests.get(rid) or self._stats(rid)).last_k = k
@@ -745,13 +740,14 @@ class DepthController:
             self.spec_k = self.typical_k
         return out
 
-    def _ks(self, curves: _Curves, threshold: float, short: int, caps: list[int]) -> tuple[list[int], float]:
-        """Each request's K: its drafts whose acceptance probability reaches `threshold` (at least min_k; 0
-        becomes `short`, a trial's short draft), within `caps`; and the tokens per request they are
-        expected to emit (one, and each request's probabilities over its kept drafts)."""
+    def _ks(self, curves: _Curves, threshold: float, depth: int, short: int,
+            caps: list[int]) -> tuple[list[int], float]:
+        """Each request's K: its drafts at most `depth` deep whose acceptance probability reaches `threshold`
+        (at least min_k; 0 becomes `short`, a trial's short draft), within `caps`; and the tokens per request
+        they are expected to emit (one, and each request's probabilities over its kept drafts)."""
         ks, expected, min_k = [], 0.0, self.opt.min_k
         for r, cap in enumerate(caps):
-            k = min(max(curves.reaching(r, threshold), min_k) or short, cap)
+            k = min(max(curves.reaching(r, threshold, depth), min_k) or short, cap)
             if k:
                 expected += sum(curves.prefix(r, k))
             ks.append(k)

@@ -654,20 +654,31 @@ def test_beyond_batch_one_each_probe_lost_in_a_row_doubles_the_interval(batch: i
     assert ctrl.lost_probes == {3: 1} and ctrl.probe_interval == 2 * interval
 
 
-def _best_count_full_sort(ctrl: DepthController, curves: np.ndarray, speculate: bool) -> tuple[int, np.ndarray]:
-    """`_best_draft_count` weighing every draft sorted (no floor, every curve computed in full): the reference it
-    must agree with. Ties: the later request's draft first, within a request the shallower."""
-    b, kmax = curves.shape
-    request, position = np.divmod(np.arange(b * kmax), kmax)
-    order = np.lexsort((position, -request, -curves.ravel()))
-    flat = curves.ravel()[order]
-    depth = np.maximum.accumulate(order % kmax + 1)
-    gain = b + np.concatenate([[0.0], np.cumsum(flat)])
-    rows = np.concatenate([[0], b * np.array(ctrl._lookahead_rows)[depth]])
+def _speed_of(ctrl: DepthController, curves: np.ndarray, threshold: float, depth: int) -> float:
+    """Predicted tokens per second of a step keeping the drafts at most `depth` deep whose probability reaches
+    `threshold` (threshold inf: a plain step)."""
+    b = curves.shape[0]
     s0, sb, sv, s2, plain = ctrl.cost.terms()
-    seconds = np.where(rows > 0, s0 + s2 * rows, plain) + sb * b + sv * np.arange(len(flat) + 1)
-    speed = gain / np.maximum(seconds, 1e-9)
-    return (1 + int(np.argmax(speed[1:])) if speculate else int(np.argmax(speed))), flat
+    if threshold == np.inf:
+        return b / max(plain + sb * b, 1e-9)
+    kept = curves[:, :depth][curves[:, :depth] >= threshold]
+    seconds = s0 + s2 * b * ctrl._lookahead_rows[depth] + sb * b + sv * kept.size
+    return (b + kept.sum()) / max(seconds, 1e-9)
+
+
+def _best_speed_by_search(ctrl: DepthController, curves: np.ndarray, speculate: bool) -> float:
+    """The best speed over every depth and every threshold (each draft's probability: the drafts reaching it,
+    ties included) that keeps a draft, and a plain step unless `speculate`: the reference the weighing must
+    reach."""
+    b = curves.shape[0]
+    s0, sb, sv, s2, _ = ctrl.cost.terms()
+    best = -np.inf if speculate else _speed_of(ctrl, curves, np.inf, 0)
+    for depth in range(1, curves.shape[1] + 1):
+        p = np.sort(curves[:, :depth].ravel())[::-1]
+        whole = np.append(p[:-1] > p[1:], True)  # a threshold keeps every draft equal to it
+        seconds = s0 + s2 * b * ctrl._lookahead_rows[depth] + sb * b + sv * np.arange(1, p.size + 1)
+        best = max(best, float(np.max(((b + np.cumsum(p)) / np.maximum(seconds, 1e-9))[whole])))
+    return best
 
 
 def _with_rates(kmax: int, rates: np.ndarray) -> tuple[DepthController, list[str]]:
@@ -680,9 +691,10 @@ def _with_rates(kmax: int, rates: np.ndarray) -> tuple[DepthController, list[str
     return ctrl, ids
 
 
-def test_the_best_draft_count_weighs_only_drafts_that_may_count_and_chooses_as_a_full_sort() -> None:
-    """Random acceptance curves (ties, saturated and zero rows included) and cost fits (zero terms included):
-    the same draft count and the same top probabilities as sorting every draft, and few drafts computed."""
+def test_the_weighing_finds_the_best_depth_and_threshold_of_any_and_computes_few_drafts() -> None:
+    """Random acceptance curves (ties, saturated and zero rows included) and cost fits (zero terms included): the
+    drafts kept are as fast as the best depth and threshold of all (or a plain step), and few drafts are
+    computed."""
     rng = np.random.default_rng(3)
     computed = total = 0
     for trial in range(400):
@@ -695,11 +707,13 @@ def test_the_best_draft_count_weighs_only_drafts_that_may_count_and_chooses_as_a
         dv = s1 * rng.uniform(-1.0, 0.5)  # a verified draft at 0-1.5x a request's token
         ctrl.cost._s, ctrl.cost._p0 = [float(s0), float(s1), float(dv), float(s2)], float(rng.uniform(0.2, 1.5) * 1e-2)
         ctrl.cost._seen = 0  # the fit is not solved again: these costs stand
+        full = np.cumprod(rates, axis=1)
         for speculate in (True, False):
             curves = ctrl._curves(ids)
-            n, flat = ctrl._best_draft_count(curves, speculate)
-            n_ref, flat_ref = _best_count_full_sort(ctrl, np.cumprod(rates, axis=1), speculate)
-            assert n == n_ref and np.array_equal(flat[:n], flat_ref[:n]), (trial, speculate, n, n_ref)
+            threshold, depth = ctrl._best_drafts(curves, speculate)
+            assert (threshold == np.inf) == (depth == 0) and (threshold < np.inf or not speculate)
+            chosen, best = _speed_of(ctrl, full, threshold, depth), _best_speed_by_search(ctrl, full, speculate)
+            assert chosen == pytest.approx(best, rel=1e-9), (trial, speculate, threshold, depth)
             computed, total = computed + sum(map(len, curves.values)), total + b * kmax
     assert computed < 0.5 * total
 
