@@ -310,7 +310,7 @@ def _bucket(batch: int) -> int:
 
 class _Curves:
     """A batch's acceptance curves, P_r(i) = the probability that request r's first i drafts are all accepted,
-    computed only as far as they are asked for: the first of each, then (`column`) depth by depth for the
+    computed only as far as they are asked for: the first of each, then (`reaching_at`) depth by depth for the
     requests whose drafts may still count, then further only for ties and short drafts. On floats, in plain
     loops: most of the B x K_max drafts never count, and numpy's per-call overhead was most of a choice's time
     in the engine."""
@@ -349,20 +349,26 @@ class _Curves:
                 return k
             k += 1
 
-    def column(self, d: int, rows: list[int] | range) -> list[float]:
-        """P_r(d) for each of these requests, whose curves reach depth d - 1 (computed where missing): the
-        weighing goes depth by depth, and a call per value cost more than its arithmetic."""
+    def reaching_at(self, d: int, rows: list[int] | range, bar: float) -> tuple[list[int], float]:
+        """Those of these requests (whose curves reach depth d - 1) whose P_r(d) reaches `bar`, and the sum of
+        their P_r(d); computed where missing: the weighing goes depth by depth, and a call per value, or a
+        list of them, cost more than the arithmetic."""
         if d > len(self.prior):
             self._prior_to(2 * d)
-        prior_rate, i, out = self.prior[d - 1], d - 1, []
+        prior_rate, i, reaching, total = self.prior[d - 1], d - 1, [], 0.0
         for r in rows:
             values = self.values[r]
             if len(values) == i:
                 hits, tries, w = self.rows[r]
                 rate = (hits[i] + w * prior_rate) / (tries[i] + w)
-                values.append(values[-1] * (rate if rate < 1.0 else 1.0))
-            out.append(values[i])
-        return out
+                p = values[-1] * (rate if rate < 1.0 else 1.0)
+                values.append(p)
+            else:
+                p = values[i]
+            if p >= bar:
+                reaching.append(r)
+                total += p
+        return reaching, total
 
     def prefix(self, r: int, upto: int) -> list[float]:
         """P_r(1..upto)."""
@@ -643,13 +649,13 @@ class DepthController:
         values, kept = curves.values, [0] * b  # per request: its drafts in the set weighed
         gained, n, alive = 0.0, 0, range(b)  # alive: requests whose draft at the next depth may reach the bar
         for d in range(1, curves.kmax + 1):
-            bar, reaching = sv * best, []
-            for r, p in zip(alive, curves.column(d, alive)):
-                if p >= bar:
-                    kept[r], gained, n = d, gained + p, n + 1
-                    reaching.append(r)
+            bar = sv * best
+            reaching, mass = curves.reaching_at(d, alive, bar)
             if not reaching:
                 break
+            for r in reaching:
+                kept[r] = d
+            gained, n = gained + mass, n + len(reaching)
             base = s0 + s2 * (b * lookahead[d]) + per_request
             while True:  # the drafts at depth <= d reaching `bar`, as long as their speed beats the best
                 seconds = base + sv * n
