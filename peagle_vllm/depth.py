@@ -74,6 +74,7 @@ PRIOR_DECAY = 0.97  # weight of the past in the all-request prior, per observati
 PLAIN_DECAY = 0.8  # plain steps vary in time only: a few recent ones say what plain decoding costs now
 TIE = 0.05  # speeds within this fraction of each other are a tie: the current regime stays
 REFIT_EVERY = 8  # observations between two solves of the cost fit
+REWEIGH_EVERY, REWEIGH_FROM = 4, 4  # batches of 4 or more keep their weighing's outcome for 4 steps (`_weigh`)
 # share of time probes may cost while plain decoding measures faster, at batch 1 and beyond: at batch 1
 # speculation gains most, and a request a slow spell of the machine sent into fallback is lost for long
 # (at 0.5% a noisy batch-1 stream kept 0.88 of the best fixed K, at 2% 0.89); at larger batches 2% cost
@@ -428,6 +429,8 @@ class DepthController:
         self._probing = False  # the current stretch of speculation began with a probe from fallback
         self._stretch: float | None = None  # seconds gained so far by the latest trial at batch 1
         self._held: tuple[str, ...] = ()  # the batch of the latest choice, when it held the batch in fallback
+        # the latest weighing (`_weigh`): its batch size, step, threshold and depth
+        self._weighed: tuple[int, int, float, int] = (0, 0, np.inf, 0)
 
     def observe(self, req_ids: list[str], num_drafts: list[int], num_accepted: list[int]) -> None:
         """A step's verification results: request i's drafts 1..num_accepted[i] accepted, the next one
@@ -671,6 +674,23 @@ class DepthController:
             alive = [r for r in reaching if kept[r] == d]
         return threshold, depth
 
+    def _weigh(self, curves: _Curves, req_ids: list[str], faster: bool | None, in_trial: bool) -> tuple[float, int]:
+        """`_best_drafts`, or at a batch of `REWEIGH_FROM` requests or more, of the size the latest weighing saw,
+        while speculation measures faster (outside trials), that weighing's threshold and depth for
+        `REWEIGH_EVERY` steps: each request's K still follows its own curve, and the weighing was most of a
+        choice's time (at c=16-64 here, with the rest of the choice, 1.1% of a step); a few steps late, a
+        threshold set by many requests moves little, as one of them ending and another joining changes it little
+        (a batch mostly new gets a trial, and is weighed). Replays at c=4-64 within 1% of weighing every step,
+        c=64 at 0.35 of the draft cost 1.5% faster. At smaller batches the weighing is cheap, and a stale
+        threshold cost up to 2% (GPU-like replays at c=1-2)."""
+        size, (weighed, at, kept, depth) = len(req_ids), self._weighed
+        if (size >= REWEIGH_FROM and faster and not in_trial and kept < np.inf
+                and self.steps - at < REWEIGH_EVERY and size == weighed):
+            return kept, depth
+        threshold, depth = self._best_drafts(curves, speculate=bool(faster))
+        self._weighed = (size, self.steps, threshold, depth)
+        return threshold, depth
+
     def choose(self, req_ids: list[str], caps: list[int] | None = None) -> list[int]:
         """K for each request of this step's batch; `caps` (e.g. the drafts whose KV slots were
         reserved) bound each request's K from above."""
@@ -715,7 +735,7 @@ class DepthController:
         if faster is False and not self.speculating and not self.opt.min_k:
             return self._stay_in_fallback(req_ids)
         curves = self._curves(req_ids)
-        threshold, depth = self._best_drafts(curves, speculate=bool(faster))
+        threshold, depth = self._weigh(curves, req_ids, faster, in_trial)
         if faster is False:
             threshold = np.inf
         if self.speculating and threshold == np.inf:  # entering fallback: the first probe comes one interval later

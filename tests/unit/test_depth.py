@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from peagle_vllm.depth import RESCALE, CostModel, DepthController, DepthOptions, Step, _Counts, _Stats
+from peagle_vllm.depth import (RESCALE, REWEIGH_EVERY, REWEIGH_FROM, CostModel, DepthController, DepthOptions, Step,
+                               _Counts, _Stats)
 
 RECORDED_STEPS = Path(__file__).parent / "data" / "demo_engine_steps_c1.json"
 
@@ -716,6 +717,38 @@ def test_the_weighing_finds_the_best_depth_and_threshold_of_any_and_computes_few
             assert chosen == pytest.approx(best, rel=1e-9), (trial, speculate, threshold, depth)
             computed, total = computed + sum(map(len, curves.values)), total + b * kmax
     assert computed < 0.5 * total
+
+
+def test_a_batch_of_four_or_more_keeps_its_weighing_for_a_few_steps_and_a_smaller_one_weighs_each_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """While speculation measures faster, a batch of 4+ requests is weighed every `REWEIGH_EVERY` steps (in
+    between its threshold and depth stand, each request's K following its own curve), one request swapped for
+    another included; a batch of another size is weighed at once, and a batch of 2 at every step."""
+    weighed = []
+    best_drafts = DepthController._best_drafts
+
+    def counted(self: DepthController, curves, speculate: bool) -> tuple[float, int]:
+        weighed.append(self.steps)
+        return best_drafts(self, curves, speculate)
+
+    monkeypatch.setattr(DepthController, "_best_drafts", counted)
+    for size, every in ((8, REWEIGH_EVERY), (2, 1)):
+        ctrl = DepthController(DepthOptions(max_k=8, explore_every=10**6))
+        ids = [f"r{i}" for i in range(size)]
+        _steps(ctrl, ids, 60, plain_s=0.05 * size, spec_s=0.01 * size)  # speculation measured faster
+        assert ctrl.speculating and ctrl.speculation_measured_faster(size)
+        weighed.clear()
+        drafted = _steps(ctrl, ids, 24, plain_s=0.05 * size, spec_s=0.01 * size)
+        assert min(drafted) > 0
+        assert np.diff(weighed).tolist() == [every] * (len(weighed) - 1) and len(weighed) == 24 // every
+        if size >= REWEIGH_FROM:
+            last = weighed[-1]
+            weighed.clear()
+            _steps(ctrl, ids[1:] + ["new"], REWEIGH_EVERY, plain_s=0.05 * size, spec_s=0.01 * size)
+            assert weighed == [last + REWEIGH_EVERY]  # one request swapped for another: the same cadence
+            weighed.clear()
+            _steps(ctrl, ids[2:] + ["new"], 1, plain_s=0.05 * size, spec_s=0.01 * size)
+            assert weighed == [ctrl.steps]  # a batch of another size: weighed at once
 
 
 def test_lazily_decayed_counts_equal_the_decayed_sums() -> None:
