@@ -38,7 +38,7 @@ class AcceptanceMonitor:
         warning = None
         full = len(self.window) == self.window.maxlen
         if full and rate < self.warn_below and not self._low:
-            warning = (f"p_eagle block acceptance rate {rate:.0%} over the last {len(self.window)} steps is below "
+            warning = (f"p_eagle block acceptance rate {rate:.1%} over the last {len(self.window)} steps is below "
                        f"{self.warn_below:.0%}: the head may not fit this traffic (retrain it on such prompts, or "
                        "lower num_speculative_tokens)")
         self._low = full and rate < self.warn_below
