@@ -9,14 +9,17 @@ from peagle_vllm.runs import close_llm, make_llm
 from peagle_vllm.vllm_adapter.rollback_hook import POISON_ENV
 
 GAP = range(8, 38)  # controller steps forced plain (every request at K=0): 30 tokens, one catch-up's worth
+CHOOSE, RESERVATION = DepthController.choose, DepthController.reservation
 
 
-def _force_gap(monkeypatch) -> None:
-    """The real controller, except that its choices on the steps of GAP are K=0 with nothing reserved."""
-    choose, reservation = DepthController.choose, DepthController.reservation
+def _force_gap(monkeypatch, head_idle: bool) -> None:
+    """The real controller (with min_k = K: K everywhere), except that its choices on the steps of GAP are K=0;
+    with `head_idle` nothing is reserved for them either, so no draft runs (as in fallback), else the head still
+    drafts every step of the gap, with nothing verified: the same steps, the same tokens, a head that never
+    stopped."""
 
     def forced_choose(self, req_ids, caps=None):
-        ks = choose(self, req_ids, caps)
+        ks = CHOOSE(self, req_ids, caps)
         if self.steps in GAP:
             for rid in req_ids:
                 self._stats(rid).last_k = 0
@@ -24,7 +27,7 @@ def _force_gap(monkeypatch) -> None:
         return ks
 
     def forced_reservation(self, req_id, batch=None):
-        return 0 if self.steps + 1 in GAP else reservation(self, req_id, batch)
+        return 0 if head_idle and self.steps + 1 in GAP else RESERVATION(self, req_id, batch)
 
     monkeypatch.setattr(DepthController, "choose", forced_choose)
     monkeypatch.setattr(DepthController, "reservation", forced_reservation)
@@ -65,17 +68,18 @@ def test_drafts_after_a_gap_match_an_engine_that_never_stopped_drafting(demo, mo
     from peagle_vllm.corpus import held_out_prompts
 
     prompts = held_out_prompts(2, seed=4)
-    spec = {"method": "p_eagle", "model": str(demo["draft"]), "num_speculative_tokens": 4}
-    expected, reference, _ = _run(demo, {**spec, "adaptive": False}, prompts)
-    _force_gap(monkeypatch)
+    # min_k = K: no fallback of its own, and the same steps in both runs (positions line up draft for draft)
+    spec = {"method": "p_eagle", "model": str(demo["draft"]), "num_speculative_tokens": 4, "min_k": 4}
     # every slot past a request's committed length holds a huge value before each step, so the head's
     # slots left unwritten by the gap would change its drafts if the catch-up did not write them
     monkeypatch.setenv(POISON_ENV, "1")
-    outputs, drafts, gaps = _run(demo, {**spec, "min_k": 1}, prompts)  # min_k 1: no fallback of its own
+    _force_gap(monkeypatch, head_idle=False)
+    expected, reference, drafting = _run(demo, spec, prompts)
+    _force_gap(monkeypatch, head_idle=True)
+    outputs, drafts, gaps = _run(demo, spec, prompts)
     assert outputs == expected
-    assert gaps.caught_up >= len(GAP)
-    after_gap = sorted(key for key in drafts if key in reference and key[0] == 0)  # the request with the gap
-    assert len(after_gap) >= 10
+    assert drafting.caught_up == 0 and gaps.caught_up >= len(GAP)
+    after_gap = sorted(key for key in drafts if key[0] == 0)  # the request with the gap
+    assert len(after_gap) >= 10 and set(drafts) == set(reference)
     for key in after_gap:
-        n = min(len(drafts[key]), len(reference[key]))
-        assert drafts[key][:n] == reference[key][:n], f"drafts differ at position {key[1]} of prompt {key[0]}"
+        assert drafts[key] == reference[key], f"drafts differ at position {key[1]} of prompt {key[0]}"
