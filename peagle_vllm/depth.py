@@ -683,9 +683,9 @@ class DepthController:
         changes it little (a batch mostly new gets a trial, and is weighed): replays at c=4-64 within 1% of
         weighing every step, c=64 at 0.35 of the draft cost 1.5% faster. At smaller batches the weighing is
         cheap, and a stale threshold cost up to 2% (GPU-like replays at c=1-2)."""
-        size, (weighed, at, kept, depth) = len(req_ids), self._weighed
+        size, (weighed_size, at, kept, depth) = len(req_ids), self._weighed
         if (size >= REWEIGH_FROM and faster and not in_trial and kept < np.inf
-                and self.steps - at < REWEIGH_EVERY and size == weighed):
+                and self.steps - at < REWEIGH_EVERY and size == weighed_size):
             return kept, depth
         threshold, depth = self._best_drafts(curves, speculate=bool(faster))
         self._weighed = (size, self.steps, threshold, depth)
