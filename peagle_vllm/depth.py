@@ -344,8 +344,8 @@ class _Curves:
         while True:
             if k == upto:
                 return k
-            if k == len(values):
-                self._extend(r, k + 1)  # past what the weighing computed (ties at the threshold, short drafts)
+            if k == len(values):  # past what the weighing computed (a kept weighing's, ties at the threshold)
+                self._extend(r, upto)
             if values[k] < threshold:
                 return k
             k += 1
