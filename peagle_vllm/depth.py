@@ -42,7 +42,8 @@ tie, within 1x-64x `probe_every`; beyond batch 1 each probe in a row lost at the
 8x), and at once when the batch is smaller than any tried so far (a lower load level,
 where speculation gains more) or, at a batch size other than the one fallback began at, speculation measured
 faster there (a ragged end's small batches must not hold back the next full batch). Its drafts start as deep
-as speculation last went. A batch made mostly of new requests gets a trial too while speculating (unless
+as speculation last went. A trial whose batch moves to another size where speculation measured slower ends
+there, in fallback (a ragged end's trial must not run on into the next full batch). A batch made mostly of new requests gets a trial too while speculating (unless
 speculation measured slower at about its size: then it neither gets one nor drafts over its prompts), and
 in fallback at batch 1 (each request):
 requests differ widely (some accept ten drafts a step, most one or two), and a fixed K takes the
@@ -423,6 +424,7 @@ class DepthController:
         self.tried: set[int] = set()  # batch-size buckets where a trial of speculation has run
         self.fallback_bucket = 0  # batch-size bucket at which the latest fallback began
         self.trial_step = 0  # step at which the latest trial began
+        self.trial_bucket = 0  # batch-size bucket at which it began (the engine's start: its first batch's)
         # at batch 1: seconds a trial gained, its stretch included (decayed mean), and trials measured
         self.trial_value: tuple[float, int] = (0.0, 0)
         self.lost_probes: dict[int, int] = {}  # per batch-size bucket beyond 1: probes in a row that ended in fallback
@@ -558,6 +560,21 @@ class DepthController:
         value, trials = self.trial_value
         return batch == 1 and (value >= 0.0 if trials >= VALUE_TRIALS else True)
 
+    def _trial_left_behind(self, batch: int) -> bool:
+        """The batch has moved, during a trial, to another batch-size bucket where speculation measured slower
+        (a ragged end's trial at batch 1 as the next 64 requests arrive): the trial times nothing at its own
+        size any more, and every step of it there loses (at concurrency 64 here, each round's tail trial ran
+        on into the next round: some 5% of the engine's time)."""
+        return _bucket(batch) != self.trial_bucket and self.speculation_measured_faster(batch) is False
+
+    def _leave_trial(self, bucket: int) -> bool:
+        """Ends the current trial unfinished, straight into fallback at `bucket` (no probe counted lost there:
+        none was made there); the next probe one interval on. Returns False: no longer in a trial."""
+        self.trial_left, self.speculating, self.fallback_bucket = 0, False, bucket
+        self._schedule_probe()
+        self._close_stretch()
+        return False
+
     def _close_stretch(self) -> None:
         """The latest trial's stretch of speculation is over: what it gained joins the trial value."""
         if self._stretch is not None:
@@ -601,10 +618,11 @@ class DepthController:
             size = len(self.requests) + 1 if batch is None else max(batch, 1)
             if plain_next and 2 * (size - len(self.requests)) >= size and self._arrival_trial_due(self.steps + 1, size):
                 plain_next = False  # new requests, half the batch or more: their trial may start with their prompts
-            elif (self.speculating and not self._in_trial(self.steps + 1)
-                  and self.speculation_measured_faster(size) is False):
-                # the next choice falls back (no arrival trial where speculation measured slower): drafting over
-                # the prompt would be for nothing (at concurrency 16 here, a third of the prefill step's time)
+            elif (self.speculating and self.speculation_measured_faster(size) is False
+                  and not (self._in_trial(self.steps + 1) and _bucket(size) == self.trial_bucket)):
+                # the next choice falls back (no arrival trial where speculation measured slower, a trial at
+                # another size is left): drafting over the prompt would be for nothing (at concurrency 16 here,
+                # a third of the prefill step's time)
                 plain_next = True
         if self.plain_forced or plain_next:
             return self.opt.min_k  # exploring, or in fallback with no probe due: plain decoding next step
@@ -701,6 +719,8 @@ class DepthController:
             return self._stay_in_fallback(req_ids)
         kmax = self.opt.max_k
         bucket = _bucket(len(req_ids))
+        if self.steps == 1:
+            self.trial_bucket = bucket
         smaller = self._smaller_than_tried(bucket)
         arrival = self._arrival_trial(req_ids)
         # a batch size other than the one fallback began at, where speculation measured faster: probed now
@@ -710,7 +730,7 @@ class DepthController:
         trial = probe or arrival
         if trial:  # speculation runs at the model's K until its speed is timed afresh
             self.trial_left, self.probe_until = self.opt.probe_steps, self.steps + 4 * self.opt.probe_steps
-            self.trial_step, self._probing = self.steps, probe
+            self.trial_step, self.trial_bucket, self._probing = self.steps, bucket, probe
             self._close_stretch()
             if len(req_ids) == 1:  # what the trial gains, its stretch of speculation included, is measured
                 self._stretch = 0.0
@@ -721,6 +741,8 @@ class DepthController:
             if speeds is not None:
                 self.speeds[bucket] = (speeds[0], _Speed())
         in_trial = self._in_trial(self.steps)
+        if in_trial and not trial and self._trial_left_behind(len(req_ids)):
+            in_trial = self._leave_trial(bucket)
         if in_trial:
             self.tried.add(bucket)
         # measured speeds overrule the model (whose costs may be biased) both ways, outside trials and

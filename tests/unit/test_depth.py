@@ -572,6 +572,26 @@ def test_a_fallback_begun_at_one_batch_size_does_not_hold_back_another_where_spe
     assert sum(drafted[:3]) > 0, f"drafts per step {drafted}"
 
 
+def test_a_trial_ends_when_its_batch_moves_to_a_size_where_speculation_measured_slower() -> None:
+    """In fallback at batch 64, a round's tail leaves one request, where speculation measured faster: it gets
+    a trial. The next 64 requests arrive mid-trial: they reserve no lookahead and draft nothing (the trial
+    would time nothing at its own size; at c=64 in the engine such trials ran on into each round)."""
+    ctrl = DepthController(DepthOptions(max_k=4, probe_every=8))
+    _time_speeds(ctrl, 64, plain_s=0.01, spec_s=0.05)
+    _time_speeds(ctrl, 1, plain_s=0.01, spec_s=0.005)
+    wave = [f"a{i}" for i in range(64)]
+    _steps(ctrl, wave, 20, plain_s=0.01, spec_s=0.05)
+    assert not ctrl.speculating
+    for r in wave[1:]:
+        ctrl.forget(r)
+    assert sum(_steps(ctrl, wave[:1], 2, plain_s=0.01, spec_s=0.005)) > 0, "the tail's trial drafts"
+    ctrl.forget(wave[0])
+    wave = [f"b{i}" for i in range(64)]
+    caps = [ctrl.reservation(r, 64) for r in wave]
+    assert caps == [0] * 64 and ctrl.choose(wave, caps) == [0] * 64 and not ctrl.speculating
+    assert sum(_steps(ctrl, wave, 8, plain_s=0.01, spec_s=0.05)) == 0
+
+
 def test_the_log_line_shows_the_measured_speeds_that_decide() -> None:
     """Operators see why the controller speculates or falls back: plain and speculative tokens per
     request-second by batch-size bucket (here 100 and 33 at batch 4, nothing measured yet elsewhere)."""
