@@ -116,12 +116,14 @@ def _wrap_schedule(original):
         if (plain and not seeded and not self.get_request_counts()[1]
                 and all(reserved.get(r.request_id) == 0 for r in self.running)):
             out = rollback_hook.schedule_without_lookahead(self, original, args, kwargs)
+            depth = 0 if out.num_scheduled_tokens else ctrl.opt.max_k  # only running requests, reserved nothing
         else:
             out = original(self, *args, **kwargs)
+            depth = max((reserved.get(rid, ctrl.opt.max_k) for rid in out.num_scheduled_tokens),
+                        default=ctrl.opt.max_k)
         if self._peagle_block_counts:
             setattr(out, rollback_hook.COUNTS_ATTR, self._peagle_block_counts)
             self._peagle_block_counts = {}
-        depth = max((reserved.get(rid, ctrl.opt.max_k) for rid in out.num_scheduled_tokens), default=ctrl.opt.max_k)
         setattr(out, DRAFT_DEPTH_ATTR, depth)
         setattr(self, DRAFT_DEPTH_ATTR, depth)  # for post_step
         return out
