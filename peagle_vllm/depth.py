@@ -568,13 +568,12 @@ class DepthController:
         requests' prompts drafted over)."""
         return _bucket(batch) != self.trial_bucket and self.speculation_measured_faster(batch) is False
 
-    def _leave_trial(self, bucket: int) -> bool:
+    def _leave_trial(self, bucket: int) -> None:
         """Ends the current trial unfinished, straight into fallback at `bucket` (no probe counted lost there:
-        none was made there); the next probe one interval on. Returns False: no longer in a trial."""
+        none was made there); the next probe one interval on."""
         self.trial_left, self.speculating, self.fallback_bucket = 0, False, bucket
         self._schedule_probe()
         self._close_stretch()
-        return False
 
     def _close_stretch(self) -> None:
         """The latest trial's stretch of speculation is over: what it gained joins the trial value."""
@@ -767,7 +766,8 @@ class DepthController:
                 self.speeds[bucket] = (speeds[0], _Speed())
         in_trial = self._in_trial(self.steps)
         if in_trial and not trial and self._trial_left_behind(len(req_ids)):
-            in_trial = self._leave_trial(bucket)
+            self._leave_trial(bucket)
+            in_trial = False
         if in_trial:
             self.tried.add(bucket)
         # measured speeds overrule the model (whose costs may be biased) both ways, outside trials and
