@@ -618,8 +618,8 @@ class DepthController:
             size = len(self.requests) + 1 if batch is None else max(batch, 1)
             if plain_next and 2 * (size - len(self.requests)) >= size and self._arrival_trial_due(self.steps + 1, size):
                 plain_next = False  # new requests, half the batch or more: their trial may start with their prompts
-            elif (self.speculating and self.speculation_measured_faster(size) is False
-                  and not (self._in_trial(self.steps + 1) and _bucket(size) == self.trial_bucket)):
+            elif self.speculating and (self._trial_left_behind(size) if self._in_trial(self.steps + 1)
+                                       else self.speculation_measured_faster(size) is False):
                 # the next choice falls back (no arrival trial where speculation measured slower, a trial at
                 # another size is left): drafting over the prompt would be for nothing (at concurrency 16 here,
                 # a third of the prefill step's time)
