@@ -47,7 +47,12 @@ there, in fallback (a ragged end's trial must not run on into the next full batc
 requests gets a trial too while speculating (unless speculation measured slower at about its size: then it
 neither gets one nor drafts over its prompts), and in fallback at batch 1 (each request):
 requests differ widely (some accept ten drafts a step, most one or two), and a fixed K takes the
-easy ones for free. What those trials at batch 1 gain, each with the stretch of speculation it opens
+easy ones for free. Such a trial of a request alone in its batch times `alone_trial_steps` steps (16), not
+`probe_steps`: a few steps' acceptance says little about a request's next sixty tokens (the demo's 64 held-out
+prompts at K=4: their first four steps put 25 requests on the wrong side of this machine's break-even, 1.85
+tokens a step, sixteen steps 8 of 58), and at batch 1 a request that falls back stays so for its life (c=1
+replays at this machine's latest costs: 0.96 -> 0.99 of the best fixed K on other prompts). What those trials
+at batch 1 gain, each with the stretch of speculation it opens
 (plain time for the tokens emitted, less the time taken), is kept; where it is negative on balance
 (no request pays), new requests get no trial of their own in fallback, and the spaced probes keep the
 figure measured. A new request that would be half its batch or more reserves drafts when such a
@@ -89,6 +94,11 @@ VALUE_TRIALS = 4  # arrival trials measured before their value may stop them
 # fall out of step with the rest: in the engine at c=4 a round with a probe ran 5-30% below plain, where its
 # steps alone cost some 3%), and where speculation keeps losing, each probe says so again
 MAX_BACKOFF = 3
+# a long trial (`alone_trial_steps`) whose first `probe_steps` steps measure speculation slower than plain decoding
+# by more than this ends there: where drafting is hopeless each new request's long trial would cost some 16 steps,
+# and a request that slow rarely turns (the demo's held-out prompts at K=4: a trial cut there keeps all that the
+# long trials gain, one cut at a quarter slower half of it)
+CLEAR_LOSS = 1 / 3
 RESCALE = 1e64  # lazily decayed counts (`_Counts`) are brought back to scale 1 beyond this
 
 
@@ -99,6 +109,7 @@ class DepthOptions:
     probe_every: int = 16  # fewest steps between two probes (near ties); at most 64x as many
     probe_k: int = 2
     probe_steps: int = 4  # steady speculative steps a probe (a trial of speculation) times
+    alone_trial_steps: int = 16  # the same for a new request's own trial, alone in its batch (see the module's doc)
     explore_every: int = 128  # plain steps are forced this often while speculating
     explore_steps: int = 4  # plain steps an exploration forces
     decay: float = 0.9  # weight of the past per observation (per request)
@@ -412,6 +423,7 @@ class DepthController:
         self.next_probe = options.probe_every
         self.earliest_probe = options.probe_every // 2  # the next probe comes no earlier (see _schedule_probe)
         self.trial_left = options.probe_steps  # steady speculative steps the current trial still has to time
+        self.trial_length = options.probe_steps  # the steps it times in all
         self.probe_until = 4 * options.probe_steps  # the current trial's last step at the latest
         self.plain_left = 0  # exploration's forced plain steps still to come
         self.next_explore = options.explore_every  # step of the next exploration while speculating
@@ -567,6 +579,14 @@ class DepthController:
         on into the next round: 14 of 389 steps drafted, at about twice a plain step's time, besides the new
         requests' prompts drafted over)."""
         return _bucket(batch) != self.trial_bucket and self.speculation_measured_faster(batch) is False
+
+    def _long_trial_lost(self, batch: int) -> bool:
+        """A trial longer than `probe_steps` has timed that many, and speculation measures slower than plain decoding
+        by more than `CLEAR_LOSS`: it ends as a probe's trial would."""
+        if self.trial_length <= self.opt.probe_steps or self.trial_length - self.trial_left < self.opt.probe_steps:
+            return False
+        speeds = self._measured_speeds(batch)
+        return speeds is not None and speeds[1] < (1 - CLEAR_LOSS) * speeds[0]
 
     def _leave_trial(self, bucket: int) -> None:
         """Ends the current trial unfinished, straight into fallback at `bucket` (no probe counted lost there:
@@ -753,7 +773,8 @@ class DepthController:
         probe = not self.speculating and (self.steps >= self.next_probe or smaller or moved)
         trial = probe or arrival
         if trial:  # speculation runs at the model's K until its speed is timed afresh
-            self.trial_left, self.probe_until = self.opt.probe_steps, self.steps + 4 * self.opt.probe_steps
+            timed = self.opt.probe_steps if probe or len(req_ids) > 1 else self.opt.alone_trial_steps
+            self.trial_left, self.trial_length, self.probe_until = timed, timed, self.steps + 4 * timed
             self.trial_step, self.trial_bucket, self._probing = self.steps, bucket, probe
             self._close_stretch()
             if len(req_ids) == 1:  # what the trial gains, its stretch of speculation included, is measured
@@ -768,6 +789,8 @@ class DepthController:
         if in_trial and not trial and self._trial_left_behind(len(req_ids)):
             self._leave_trial(bucket)
             in_trial = False
+        elif in_trial and self._long_trial_lost(len(req_ids)):
+            self.trial_left, in_trial = 0, False  # decided as a probe's trial is (below)
         if in_trial:
             self.tried.add(bucket)
         # measured speeds overrule the model (whose costs may be biased) both ways, outside trials and

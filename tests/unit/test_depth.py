@@ -393,12 +393,14 @@ def test_switching_steps_are_not_timed_and_a_batch_between_two_measured_ones_goe
 
 
 def simulate_requests(alphas: list[float], tokens: int = 64, prompt: int = 100, draft_overhead: float = 0.75,
-                      fixed_k: int | None = None, seed: int = 0) -> tuple[float, list[int]]:
+                      fixed_k: int | None = None, seed: int = 0, options: DepthOptions | None = None,
+                      start: tuple[int, float] = (0, 0.0)) -> tuple[float, list[int]]:
     """Batch 1, as a benchmark at concurrency 1 runs it: requests one after another, each with its own
-    acceptance rate, a prefill step and then decode steps until `tokens` (costs scaled from the demo
-    engine at concurrency 1: running the draft costs `draft_overhead` plain steps; step times vary by
-    20%). Tokens per second over plain decoding's, and each request's steps before its first draft."""
-    ctrl = DepthController(DepthOptions(max_k=32))
+    acceptance rate (`start`: its first n steps at another rate), a prefill step and then decode steps until
+    `tokens` (costs scaled from the demo engine at concurrency 1: running the draft costs `draft_overhead` plain
+    steps; step times vary by 20%). Tokens per second over plain decoding's, and each request's steps before its
+    first draft."""
+    ctrl = DepthController(options or DepthOptions(max_k=32))
     rng = np.random.default_rng(seed)
     seconds = plain = 0.0
     waits = []
@@ -406,10 +408,11 @@ def simulate_requests(alphas: list[float], tokens: int = 64, prompt: int = 100, 
         rid, left, k, prefill, steps = f"r{n}", tokens, 0, True, 0
         plain += 1 + 0.05 * prompt + (tokens - 1) * 1.05
         while left > 0:
+            rate = start[1] if steps < start[0] else alpha
             if fixed_k is None:
-                caps, depth, (accepted,) = _reserve_and_verify(ctrl, [rid], [k], alpha, rng)
+                caps, depth, (accepted,) = _reserve_and_verify(ctrl, [rid], [k], rate, rng)
             else:
-                depth, accepted = fixed_k, int(np.argmin(np.append(rng.random(k) < alpha, False)))
+                depth, accepted = fixed_k, int(np.argmin(np.append(rng.random(k) < rate, False)))
             t = prompt if prefill else 1 + k
             step = (1 + 0.05 * t + ((draft_overhead + 0.012 * depth) if depth else 0.0)) * \
                 float(np.exp(0.2 * rng.standard_normal() - 0.02))
@@ -449,6 +452,28 @@ def test_where_trials_lose_new_requests_are_not_tried() -> None:
     ratio, waits = simulate_requests([0.3] * 60, draft_overhead=1.2)
     assert sum(w < 64 for w in waits) <= 25, "most requests never drafted"
     assert ratio > 0.96
+
+
+def test_a_new_request_alone_is_judged_on_sixteen_steps_unless_it_clearly_loses() -> None:
+    """At batch 1 a request whose first drafts accept little (0.3 a position for 5 steps) and its later ones much
+    (0.85) is not judged on four steps: it keeps speculating, where four-step trials left most such requests in
+    fallback for their life. Where drafting clearly loses (its cost a whole plain step, acceptance 0.1), each
+    trial still ends after four timed steps."""
+    turning = {"alphas": [0.85] * 12, "start": (5, 0.3)}
+    ratios = {n: [simulate_requests(**turning, seed=seed, options=options)[0] for seed in range(3)]
+              for n, options in ((16, DepthOptions(max_k=32)), (4, DepthOptions(max_k=32, alone_trial_steps=4)))}
+    assert np.mean(ratios[16]) > 1.1 and np.mean(ratios[16]) > np.mean(ratios[4]) + 0.05, ratios
+    ctrl = DepthController(DepthOptions(max_k=8))
+    drafted = []
+    for n in range(6):
+        rid, steps = f"h{n}", 0
+        for _ in range(40):
+            (k,) = ctrl.choose([rid], [ctrl.reservation(rid, 1)])
+            ctrl.observe([rid], [k], [0])
+            ctrl.observe_step(Step(1 + k, k, 2.0 if k else 1.0, 1, 1, k))
+            steps += k > 0
+        drafted.append(steps)
+    assert max(drafted[1:]) <= 7, f"steps drafted per request {drafted}"
 
 
 def test_a_trial_that_measures_a_tie_keeps_speculating() -> None:
