@@ -6,6 +6,7 @@ noise, so differences of a percent or two show.
     python scripts/replay_depth.py                  # prints a markdown table, writes results/depth-replay/
     python scripts/replay_depth.py --build-runs     # first, or after retraining a demo model (1.5 min)
     python scripts/replay_depth.py --draft-cost 0.35  # a draft path at 0.35 of its cost here (a GPU-like case)
+    python scripts/replay_depth.py --costs results/depth-replay/bench_costs_2026-12-02.json  # a later benchmark's
 
 Acceptance runs: for every position of each prompt's greedy continuation by the target, how many drafts
 in a row the head gets right when a step starts there (one head forward over all positions and depths,
@@ -32,6 +33,8 @@ RUNS = OUT / "acceptance_runs.json"
 # 11 rounds), kept as a copy so that a later benchmark run, in a noisier spell of the machine, does not move
 # the replay's costs unnoticed (replays before and after a change must price steps alike)
 BENCH = OUT / "bench_costs.json"
+# later ones, by date, for `--costs`: the machine's speed moves between days (no-spec at c=1 218 tokens/s in
+# session 10, 104 on 2026-12-02), and with it whether speculation pays at c=1 (K=4 1.03x of plain, then 1.17x)
 MAX_K = 32
 NEW_TOKENS = 64  # the benchmark's max_tokens
 PROMPT_SETS = {"benchmark prompts": (1, 16), "other prompts": (2, 48)}  # held_out_prompts(n, seed)
@@ -82,10 +85,10 @@ def build_runs() -> None:
     RUNS.write_text(json.dumps(out))
 
 
-def step_costs(scale: float) -> StepCosts:
-    """Plain steps' and drafting's costs per batch size, from the offline benchmark's no-spec and fixed-K
+def step_costs(scale: float, bench: Path = BENCH) -> StepCosts:
+    """Plain steps' and drafting's costs per batch size, from an offline benchmark's no-spec and fixed-K
     cells: a cell's mean step lasts concurrency x acceptance length / tokens per second."""
-    rows = [r for r in json.loads(BENCH.read_text())["rows"] if r["interface"] == "offline" and r["temperature"] == 0]
+    rows = [r for r in json.loads(bench.read_text())["rows"] if r["interface"] == "offline" and r["temperature"] == 0]
     plain = {r["concurrency"]: 1e3 * r["concurrency"] / r["tokens_per_s"] for r in rows if r["mode"] == "no-spec"}
     extra: dict[int, list[tuple[float, float]]] = {}
     for r in sorted((r for r in rows if r["mode"] == "p_eagle-depth"), key=lambda r: r["k"]):
@@ -127,10 +130,11 @@ def main() -> None:
     p.add_argument("--noise", type=float, default=0.05, help="sd of a step's time, relative")
     p.add_argument("--drift", type=float, default=0.15, help="sd of the machine's slow speed drift, on its log")
     p.add_argument("--draft-cost", type=float, default=1.0, help="scale of what drafting adds to a step")
+    p.add_argument("--costs", type=Path, default=BENCH, help="the offline benchmark (bench.json) steps are priced by")
     args = p.parse_args()
     if args.build_runs or not RUNS.exists():
         build_runs()
-    runs, costs = json.loads(RUNS.read_text()), step_costs(args.draft_cost)
+    runs, costs = json.loads(RUNS.read_text()), step_costs(args.draft_cost, args.costs)
     noise = {"step": args.noise, "drift": args.drift}
     lines = ["| prompts | conc. | best fixed K | adaptive / best fixed | adaptive / no-spec "
              "| fixed K / no-spec (1 2 4 8 16 32) |", "|---|---|---|---|---|---|"]
@@ -148,7 +152,8 @@ def main() -> None:
                          f"{ratio('adaptive', 'no-spec'):.3f} | {per_k} |")
             print(lines[-1], flush=True)
     OUT.mkdir(parents=True, exist_ok=True)
-    suffix = "" if args.draft_cost == 1.0 else f"-draft-cost-{args.draft_cost:g}"
+    suffix = ("" if args.costs == BENCH else "-" + args.costs.stem.replace("bench_costs_", "costs-")) + \
+        ("" if args.draft_cost == 1.0 else f"-draft-cost-{args.draft_cost:g}")
     (OUT / f"replay{suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
