@@ -96,8 +96,8 @@ VALUE_TRIALS = 4  # arrival trials measured before their value may stop them
 MAX_BACKOFF = 3
 # a long trial (`alone_trial_steps`) whose first `probe_steps` steps measure speculation slower than plain decoding
 # by more than this ends there: where drafting is hopeless each new request's long trial would cost some 16 steps,
-# and a request that slow rarely turns (the demo's held-out prompts at K=4: a trial cut there keeps all that the
-# long trials gain, one cut at a quarter slower half of it)
+# and a request that slow rarely turns (a simple model of the demo's held-out prompts at K=4: a trial cut there
+# keeps all that the long trials gain, one cut at a quarter slower half of it)
 CLEAR_LOSS = 1 / 3
 RESCALE = 1e64  # lazily decayed counts (`_Counts`) are brought back to scale 1 beyond this
 

@@ -457,8 +457,8 @@ def test_where_trials_lose_new_requests_are_not_tried() -> None:
 def test_a_new_request_alone_is_judged_on_sixteen_steps_unless_it_clearly_loses() -> None:
     """At batch 1 a request whose first drafts accept little (0.3 a position for 5 steps) and its later ones much
     (0.85) is not judged on four steps: it keeps speculating, where four-step trials left most such requests in
-    fallback for their life. Where drafting clearly loses (its cost a whole plain step, acceptance 0.1), each
-    trial still ends after four timed steps."""
+    fallback for their life. Where drafting clearly loses (its cost a whole plain step, no draft accepted), each
+    trial still ends after four timed steps (sixteen without `CLEAR_LOSS`)."""
     turning = {"alphas": [0.85] * 12, "start": (5, 0.3)}
     ratios = {n: [simulate_requests(**turning, seed=seed, options=options)[0] for seed in range(3)]
               for n, options in ((16, DepthOptions(max_k=32)), (4, DepthOptions(max_k=32, alone_trial_steps=4)))}
@@ -473,7 +473,7 @@ def test_a_new_request_alone_is_judged_on_sixteen_steps_unless_it_clearly_loses(
             ctrl.observe_step(Step(1 + k, k, 2.0 if k else 1.0, 1, 1, k))
             steps += k > 0
         drafted.append(steps)
-    assert max(drafted[1:]) <= 7, f"steps drafted per request {drafted}"
+    assert max(drafted[1:]) <= 5, f"steps drafted per request {drafted}"
 
 
 def test_a_trial_that_measures_a_tie_keeps_speculating() -> None:
