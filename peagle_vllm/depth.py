@@ -583,7 +583,7 @@ class DepthController:
     def _long_trial_lost(self, batch: int) -> bool:
         """A trial longer than `probe_steps` has timed that many, and speculation measures slower than plain decoding
         by more than `CLEAR_LOSS`: it ends as a probe's trial would."""
-        if self.trial_length <= self.opt.probe_steps or self.trial_length - self.trial_left < self.opt.probe_steps:
+        if self.trial_length - self.trial_left < self.opt.probe_steps:  # (a probe's trial is over by then)
             return False
         speeds = self._measured_speeds(batch)
         return speeds is not None and speeds[1] < (1 - CLEAR_LOSS) * speeds[0]
