@@ -72,6 +72,7 @@ was reserved.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -100,6 +101,7 @@ MAX_BACKOFF = 3
 # keeps all that the long trials gain, one cut at a quarter slower half of it)
 CLEAR_LOSS = 1 / 3
 RESCALE = 1e64  # lazily decayed counts (`_Counts`) are brought back to scale 1 beyond this
+HOLD_STEPS = 7  # steps a batch held in fallback goes without a choice at most (`FallbackHold`)
 
 
 @dataclass
@@ -443,6 +445,7 @@ class DepthController:
         self._probing = False  # the current stretch of speculation began with a probe from fallback
         self._stretch: float | None = None  # seconds gained so far by the latest trial at batch 1
         self._held: tuple[str, ...] = ()  # the batch of the latest choice, when it held the batch in fallback
+        self._quiet_at = -1  # step of the latest choice that held its batch in fallback with nothing due
         # the latest weighing (`_weigh`): its batch size, step, threshold and depth
         self._weighed: tuple[int, int, float, int] = (0, 0, np.inf, 0)
 
@@ -760,6 +763,7 @@ class DepthController:
             return []
         self.steps += 1
         if self._quiet_fallback(req_ids):
+            self._quiet_at = self.steps
             return self._stay_in_fallback(req_ids)
         kmax = self.opt.max_k
         bucket = _bucket(len(req_ids))
@@ -863,6 +867,16 @@ class DepthController:
             return False
         return not self._arrival_trial(req_ids)
 
+    def quiet_steps(self) -> int:
+        """Steps after this one that may hold the batch without a choice (`FallbackHold`): `HOLD_STEPS` after a
+        choice that held it in fallback with nothing due, else none. (A probe's step is never held: its requests
+        reserve drafts, so a draft runs in it.)"""
+        return HOLD_STEPS if self._quiet_at == self.steps else 0
+
+    def hold_step(self) -> None:
+        """A step of a held batch (`FallbackHold`): the clock advances, nothing else changes."""
+        self.steps += 1
+
     def _smaller_than_tried(self, bucket: int) -> bool:
         """The batch is smaller than any where speculation was tried (it gains most at small batches)."""
         return bucket < min(self.tried, default=bucket + 1)
@@ -900,3 +914,47 @@ class DepthController:
                 f"+ {1e3 * sb:.3f} ms/request + {1e3 * sv:.3f} ms/draft verified; measured tokens per "
                 f"request-second, plain/speculative, by batch size: "
                 f"{speeds or 'none yet'}")
+
+
+class FallbackHold:
+    """Steps of a batch in steady fallback that skip the controller. After a choice that held its batch in fallback
+    with nothing due (`DepthController.quiet_steps`), up to `HOLD_STEPS` following plain decode steps of the same
+    batch are only kept (time, tokens, emitted tokens) while the controller's clock advances; the first other step,
+    or the schedule of one that may draft, gives them to the controller in order (`release`) before its own. Why:
+    in the engine at concurrency 4 a step's observation and choice cost some 100 us of a 10 ms plain step, nearly
+    all of it cache misses after the model's forward (the same calls back to back take 11 us); once per eight steps
+    that is an eighth. What it costs: plain decoding timed faster or slower is seen up to `HOLD_STEPS` steps late
+    (probes come at least `probe_every` steps apart: a probe brought forward by it comes that much later)."""
+
+    __slots__ = ("batch", "left", "kept")
+
+    def __init__(self) -> None:
+        self.batch: frozenset[str] = frozenset()
+        self.left = 0  # steps the batch may still be held
+        self.kept: list[tuple[float, int]] = []  # (seconds, emitted tokens) of each held step
+
+    def start(self, controller: DepthController, req_ids: list[str]) -> None:
+        """After `choose` for this batch: it is held for as many steps as the controller allows (none unless quiet)."""
+        self.left = controller.quiet_steps()
+        if self.left:
+            self.batch = frozenset(req_ids)
+
+    def holds(self, scheduled: Collection[str], tokens: int) -> bool:
+        """Whether a step that scheduled these requests and `tokens` tokens (and ran no draft) is one more plain
+        decode step of the held batch."""
+        return self.left > 0 and tokens == len(self.batch) and scheduled == self.batch
+
+    def keep(self, controller: DepthController, seconds: float, emitted: int) -> None:
+        """A held step (see `holds`): kept for the controller, whose clock advances."""
+        self.kept.append((seconds, emitted))
+        self.left -= 1
+        controller.hold_step()
+
+    def release(self, controller: DepthController) -> int:
+        """The kept steps to the controller, in order; the hold ends. Returns how many there were."""
+        n, batch = len(self.kept), len(self.batch)
+        for seconds, emitted in self.kept:
+            controller.observe_step(Step(tokens=batch, draft_rows=0, seconds=seconds, requests=batch, emitted=emitted))
+        self.kept.clear()
+        self.left = 0
+        return n

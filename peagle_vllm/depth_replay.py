@@ -13,7 +13,8 @@ Acceptance: `runs[i]` is how many drafts in a row the head gets right when a ste
 request's i-th generated token (greedy; the target's own continuation), so a step verifying k drafts
 accepts min(runs[i], k). Steps follow vLLM's order: schedule (each request's reservation, the draft
 depth the deepest of them, tokens the head missed in steps without a draft computed again), run,
-`observe_step` and `observe`, then `choose` for the next step.
+`observe_step` and `observe`, then `choose` for the next step (or, for a batch held in steady fallback, only
+`FallbackHold`, as the engine's hook).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from peagle_vllm.depth import DepthController, Step
+from peagle_vllm.depth import DepthController, FallbackHold, Step
 
 # a prompt token's cost beside a decode step's (a 1571-token prefill at c=16 took 172 ms; 187 tokens at c=4,
 # 23 ms beyond the decode step), and the head's in a step that drafts (80 ms more for those 1571, 10 for the 187)
@@ -33,10 +34,11 @@ PREFILL_MS_PER_TOKEN = 0.11
 HEAD_PROMPT_MS_PER_TOKEN = 0.05
 # the adaptive engine's own hooks (scheduler hooks, the controller, the front end's share), as a share of the
 # step by batch size, in steps that draft and in plain ones (fallback): each hook timed in the engine as its
-# wrapper less vLLM's original (session 13; at c=4-64 with speculation held on). A choice, its acceptance update and
-# the per-request KV bookkeeping run only in steps that draft; in fallback most steps take the quiet path
-HOOKS_SHARE = {"draft": {1: 0.021, 4: 0.020, 16: 0.017, 64: 0.024},
-               "plain": {1: 0.019, 4: 0.017, 16: 0.011, 64: 0.0063}}
+# wrapper less vLLM's original (drafting: session 13, at c=4-64 with speculation held on, c=1 session 17; plain:
+# session 17, held in fallback). A choice, its acceptance update and the per-request KV bookkeeping run only in
+# steps that draft; in steady fallback seven steps in eight skip the controller (`FallbackHold`)
+HOOKS_SHARE = {"draft": {1: 0.018, 4: 0.020, 16: 0.017, 64: 0.024},
+               "plain": {1: 0.013, 4: 0.011, 16: 0.0062, 64: 0.0051}}
 ROW_FREE = 16  # draft rows per request that cost nothing measurable (K=4 verified, 4..32 rows at c=1:
 ROW_MS = 0.045  # 7.00, 7.21, 7.02, 7.76 ms); each row beyond costs this, per request
 
@@ -133,6 +135,7 @@ def replay(requests: list[Request], concurrency: int, costs: StepCosts, new_toke
     speculation). A controller keeps its state across calls, as an engine does across cells."""
     waiting, running = deque(requests), []
     seconds = tokens_out = 0.0
+    hold = FallbackHold()
     while running or waiting:
         while waiting and len(running) < concurrency:
             running.append(waiting.popleft())
@@ -166,7 +169,9 @@ def replay(requests: list[Request], concurrency: int, costs: StepCosts, new_toke
         seconds += step
         tokens_out += emitted
         running = [r for r in running if r.generated < new_tokens]
-        if controller is not None:
+        if controller is not None and (depth or len(running) < batch
+                                       or not hold.holds({r.rid for r, _, _ in results}, tokens)):
+            hold.release(controller)
             controller.observe_step(Step(tokens=tokens, draft_rows=depth * batch, seconds=step, requests=batch,
                                          emitted=emitted, verified=verified))
             controller.observe([r.rid for r, _, _ in results], [k for _, k, _ in results], [a for _, _, a in results])
@@ -175,9 +180,16 @@ def replay(requests: list[Request], concurrency: int, costs: StepCosts, new_toke
                     controller.forget(r.rid)
             if running:
                 caps = [r.reserved if depth else 0 for r in running]
-                for r, k in zip(running, controller.choose([r.rid for r in running], caps)):
+                ids = [r.rid for r in running]
+                for r, k in zip(running, controller.choose(ids, caps)):
                     r.k = k
+                if not depth:
+                    hold.start(controller, ids)
+        elif controller is not None:  # one more step of a batch held in fallback, as the engine's hook does
+            hold.keep(controller, step, emitted)
         else:
             for r in running:
                 r.k = fixed_k
+    if controller is not None:
+        hold.release(controller)
     return tokens_out / seconds

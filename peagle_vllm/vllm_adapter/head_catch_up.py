@@ -16,7 +16,7 @@ inputs or under a KV connector.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 CATCH_UP_TOKENS = 64  # most tokens of one request's gap computed again
 CATCH_UP_BUDGET = 64  # most tokens computed again in one step, shared by the requests catching up
@@ -38,6 +38,12 @@ class HeadGaps:
                 self.tokens.pop(rid, None)
             else:
                 self.tokens[rid] = self.tokens.get(rid, 0) + n
+
+    def note_held(self, req_ids: Collection[str], steps: int) -> None:
+        """After `steps` plain decode steps of these requests (held in fallback, see `depth.FallbackHold`): each
+        one's gap grew by a token a step."""
+        for rid in req_ids:
+            self.tokens[rid] = self.tokens.get(rid, 0) + steps
 
     def forget(self, req_id: str) -> None:
         self.tokens.pop(req_id, None)

@@ -225,7 +225,7 @@ def _wrap_record(original):
     @functools.wraps(original)
     def record(self, scheduler_stats, *args, **kwargs):
         carrier = getattr(scheduler_stats, CARRIER_FIELD, None)
-        fig = EngineFigures.take_from(carrier) if isinstance(carrier, dict) else None
+        fig = EngineFigures.take_from(carrier) if carrier and isinstance(carrier, dict) else None  # (empty most steps)
         if fig is not None:
             idx = _engine_idx(args, kwargs, 2)  # after iteration_stats and mm_cache_stats
             for state in _routes(self, idx):

@@ -12,13 +12,15 @@
   on the SchedulerOutput (the proposer drafts only that deep; at 0, a batch in fallback, no draft
   runs and the step costs what plain decoding costs).
 - The KV manager's allocate_slots reserves each request's draft-head lookahead for its own K (in steady
-  fallback, where no request may draft and none waits to join, vLLM's own runs, without lookahead).
+  fallback, where no request may draft and no waiting one can join, vLLM's own runs, without lookahead).
 - `update_from_output`: accepted counts per request and the step's time, token count and draft rows
   feed the controller; finished requests are forgotten; every 10 s a `p_eagle depth:` line logs the
   controller's regime, its probe interval, the fitted step costs, the blocks released early and the
   tokens computed again for the head.
   After a depth-0 step no draft token ids come (none were drafted; post_step below does not ask):
-  the controller's choice for that step (K=0 for all) is made here instead.
+  the controller's choice for that step (K=0 for all) is made here instead. In steady fallback the next
+  steps of the same batch only keep their time for the controller (`depth.FallbackHold`), which gets them
+  at the next step that is not one (or before a schedule that may draft) and chooses again.
 - `make_stats`: the K chosen per request, steps without a draft and the draft times measured in the
   worker ride to the front end in vLLM's per-step SchedulerStats (`metrics_hook` takes them out
   again before vLLM's loggers read it), for any p_eagle scheduler, fixed K included: those of the last
@@ -36,7 +38,7 @@ import functools
 import logging
 import time
 
-from peagle_vllm.depth import DepthController, DepthOptions, Step
+from peagle_vllm.depth import DepthController, DepthOptions, FallbackHold, Step
 from peagle_vllm.metrics import EngineFigures
 from peagle_vllm.vllm_adapter import LOGGER_NAME, rollback_hook
 from peagle_vllm.vllm_adapter.config_hook import is_marked, mark_of
@@ -79,6 +81,7 @@ def _wrap_init(original):
                 self._peagle_seeded_ids: dict[str, bool] = {}  # see _is_seeded
                 self._peagle_block_counts: dict[str, tuple[int, ...]] = {}  # released, for the worker
                 self._peagle_gaps = HeadGaps()  # tokens the draft head has not seen (steps in fallback)
+                self._peagle_hold = FallbackHold()  # steady fallback's steps that skip the controller
                 self.peagle_blocks_released = 0  # blocks handed back before their request ended
                 self._peagle_trimmable = rollback_hook.trimmable_managers(self)  # fixed for the engine's life
                 rollback_hook.reserve_own_lookahead(self, self._peagle_lookahead)
@@ -110,11 +113,11 @@ def _wrap_schedule(original):
         self._peagle_plain_next = plain = ctrl.plain_next()
         seeded = any(self._peagle_seeded_ids.values())
         if not plain or seeded:
+            _release_held(self, ctrl)  # (their tokens are gaps of the head)
             self._peagle_gaps.rewind(self, lambda rid: self._peagle_seeded(rid)
                                      or not plain and ctrl.reservation(rid) > 0)
         reserved = self._peagle_reserved
-        if (plain and not seeded and not self.get_request_counts()[1]
-                and all(reserved.get(r.request_id) == 0 for r in self.running)):
+        if plain and not seeded and _none_can_join(self) and all(reserved.get(r.request_id) == 0 for r in self.running):
             out = rollback_hook.schedule_without_lookahead(self, original, args, kwargs)
             depth = 0 if out.num_scheduled_tokens else ctrl.opt.max_k  # only running requests, reserved nothing
         else:
@@ -129,6 +132,16 @@ def _wrap_schedule(original):
         return out
 
     return schedule
+
+
+def _none_can_join(self) -> bool:
+    """No waiting request can join the batch at this schedule: none waits, or the batch is full (vLLM admits one
+    only below its limit of active requests). A saturated engine always has requests waiting: at concurrency 16
+    in the benchmark, half its steps in fallback took the per-request lookahead path for that alone."""
+    if not self.get_request_counts()[1]:
+        return True
+    limit = getattr(self, "max_num_active_reqs", self.max_num_running_reqs)
+    return len(self.running) + getattr(self, "num_waiting_for_streaming_input", 0) >= limit
 
 
 def _wrap_update_drafts(original):
@@ -167,10 +180,36 @@ def _release_surplus(self, req_ids: list[str]) -> None:
 
 def _choose_without_drafts(self, req_ids: list[str], figures: EngineFigures | None) -> None:
     """The choice for a step after which no request drafted (depth 0): K=0 for every request, made by the
-    controller all the same (its clock, probes and fallback bookkeeping run on every step)."""
-    ks = getattr(self, ATTR).choose(req_ids, [0] * len(req_ids))
+    controller all the same (its clock, probes and fallback bookkeeping run on every step); in steady fallback
+    it holds the batch for the next few steps (`FallbackHold`)."""
+    ctrl: DepthController = getattr(self, ATTR)
+    ks = ctrl.choose(req_ids, [0] * len(req_ids))
+    self._peagle_hold.start(ctrl, req_ids)
     if figures is not None:
         figures.add_choices(ks)
+
+
+def _hold(self, ctrl: DepthController, scheduler_output, model_runner_output, figures: EngineFigures | None) -> bool:
+    """Whether this step (no draft ran) is one more of a batch held in fallback (`FallbackHold`): then it is kept
+    for the controller and its K=0 counted, and nothing else is done for it."""
+    hold: FallbackHold = self._peagle_hold
+    last = self._peagle_last_step
+    if (last is None or scheduler_output.finished_req_ids
+            or not hold.holds(scheduler_output.num_scheduled_tokens.keys(), scheduler_output.total_num_scheduled_tokens)):
+        return False
+    self._peagle_last_step = now = time.perf_counter()
+    hold.keep(ctrl, now - last, sum(map(len, model_runner_output.sampled_token_ids)))
+    if figures is not None:
+        figures.add_fallback(len(hold.batch))
+    return True
+
+
+def _release_held(self, ctrl: DepthController) -> None:
+    """The held steps to the controller, and their tokens to the head's gaps."""
+    hold: FallbackHold = self._peagle_hold
+    n = hold.release(ctrl)
+    if n:
+        self._peagle_gaps.note_held(hold.batch, n)
 
 
 def _is_seeded(self, req_id: str) -> bool:
@@ -207,7 +246,8 @@ def _wrap_update_from_output(original):
             elif scheduler_output.total_num_scheduled_tokens:
                 figures.steps_without_draft += 1
         ctrl: DepthController | None = getattr(self, ATTR, None)
-        if ctrl is not None:
+        if ctrl is not None and (drafted or not _hold(self, ctrl, scheduler_output, model_runner_output, figures)):
+            _release_held(self, ctrl)
             _observe(self, ctrl, scheduler_output, model_runner_output, drafted)
             if not drafted:
                 _choose_without_drafts(self, list(scheduler_output.num_scheduled_tokens), figures)

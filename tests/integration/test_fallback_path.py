@@ -1,10 +1,11 @@
 """A step in full fallback (adaptive depth, every request at K=0, nothing to verify) runs on vLLM's own
 no-speculation path: no spec-decode metadata (vLLM's speculative path builds it on every step, drafts
 or none), no rejection sampler, no drafter, no request for draft token ids, no draft lookahead in the KV
-allocation; outputs stay those of plain decoding."""
+allocation, and most steps not even a choice of the controller; outputs stay those of plain decoding."""
 
 from __future__ import annotations
 
+from peagle_vllm.depth import FallbackHold
 from peagle_vllm.runs import close_llm, make_llm
 from peagle_vllm.vllm_adapter import rollback_hook
 from peagle_vllm.vllm_adapter.runner_hook import PLAIN_STEP_ATTR
@@ -62,6 +63,15 @@ def test_a_step_in_fallback_skips_the_speculative_machinery(tiny, monkeypatch) -
 
     monkeypatch.setattr(rollback_hook, "schedule_without_lookahead", counted)
     seen["schedules without lookahead"] = 0
+    # and most steps skip the controller (`FallbackHold`): kept for it, given to it at the next choice
+    keep = FallbackHold.keep
+
+    def kept(self, *args, **kwargs):
+        seen["steps held"] += 1
+        return keep(self, *args, **kwargs)
+
+    monkeypatch.setattr(FallbackHold, "keep", kept)
+    seen["steps held"] = 0
 
     prompts = [f"def f{i}(x):\n" + "    return x\n" * (i % 3) for i in range(4)]
     plain = make_llm(str(tiny["target"]), None)
@@ -74,6 +84,6 @@ def test_a_step_in_fallback_skips_the_speculative_machinery(tiny, monkeypatch) -
     finally:
         close_llm(llm)
     assert seen["plain steps"] > 40 and seen["speculative steps"] > 0, seen  # of some 64 steps; the opening trial
-    assert seen["schedules without lookahead"] > 30, seen
+    assert seen["schedules without lookahead"] > 30 and seen["steps held"] > 30, seen
     speculative_machinery = ("spec metadata", "rejection sampler", "draft", "drafts asked for")
     assert all(seen[key] == 0 for key in speculative_machinery), seen

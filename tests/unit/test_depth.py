@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from peagle_vllm.depth import (RESCALE, REWEIGH_EVERY, REWEIGH_FROM, CostModel, DepthController, DepthOptions, Step,
+from peagle_vllm.depth import (HOLD_STEPS, RESCALE, REWEIGH_EVERY, REWEIGH_FROM, CostModel, DepthController, DepthOptions,
+                               FallbackHold, Step,
                                _Counts, _Stats)
 
 RECORDED_STEPS = Path(__file__).parent / "data" / "demo_engine_steps_c1.json"
@@ -827,3 +828,56 @@ def test_the_cost_fit_decays_its_sums_lazily() -> None:
         assert model._scale <= RESCALE
     assert np.allclose(np.array(model._xx).reshape(5, 5) / model._scale, xx, rtol=1e-9)
     assert np.allclose(np.array(model._xy) / model._scale, xy, rtol=1e-9)
+
+
+def _fallback_run(plain_s: list[float], spec_s: float, held: bool) -> tuple[DepthController, list[int], int]:
+    """A batch of four that falls back (no draft ever accepted; a step that drafts takes `spec_s`), then one plain step
+    timed per entry of `plain_s`, driven as the engine's hook drives the controller: a choice each step, or with
+    `held` a `FallbackHold` between choices. The controller, the steps of `plain_s` that drafted, and those held."""
+    ctrl = DepthController(DepthOptions(max_k=4, probe_every=2))
+    ids = ["a", "b", "c", "d"]
+    hold, ks, drafted, n_held = FallbackHold(), [0] * 4, [], 0
+    for step, seconds in enumerate([0.01] * 40 + plain_s, start=-40):
+        caps = [ctrl.reservation(r, 4) for r in ids]
+        depth, verified = max(caps), sum(ks)
+        if held and not depth and not verified and hold.holds({r: 1 for r in ids}.keys(), 4):
+            hold.keep(ctrl, seconds, 4)
+            n_held += 1
+            continue
+        hold.release(ctrl)
+        ctrl.observe(ids, ks, [0] * 4)
+        ctrl.observe_step(Step(tokens=4 + verified, draft_rows=4 * depth, seconds=spec_s if depth else seconds,
+                               requests=4, emitted=4, verified=verified))
+        ks = ctrl.choose(ids, caps)
+        if depth and step >= 0:
+            drafted.append(step)
+        if held and not depth:
+            hold.start(ctrl, ids)
+    hold.release(ctrl)
+    return ctrl, drafted, n_held
+
+
+def test_a_batch_held_in_steady_fallback_leaves_the_controller_where_a_choice_each_step_does() -> None:
+    """In steady fallback most steps skip the controller (`FallbackHold`: in the engine a step's observation and
+    choice cost some 100 us after the model's forward evicted them from the caches); given the held steps in
+    order, it probes at the same steps and ends with the same clock, speeds and cost fit."""
+    rng = np.random.default_rng(5)
+    plain_s = [float(s) for s in 0.01 * np.exp(0.1 * rng.standard_normal(1500))]  # as the engine times them
+    each, drafted_each, _ = _fallback_run(plain_s, spec_s=0.013, held=False)
+    held, drafted_held, n_held = _fallback_run(plain_s, spec_s=0.013, held=True)
+    assert drafted_held == drafted_each and len(drafted_each) >= 3
+    assert held.steps == each.steps and held.next_probe == each.next_probe
+    assert held.cost._xx == each.cost._xx and held.cost._xy == each.cost._xy
+    assert [(p.value, s.value) for p, s in held.speeds.values()] == [(p.value, s.value) for p, s in each.speeds.values()]
+    assert n_held > 0.8 * len(plain_s)
+
+
+def test_plain_decoding_timed_slower_during_a_hold_brings_the_probe_forward_at_most_hold_steps_later() -> None:
+    """Plain steps that turn slower than speculation measured bring the next probe forward; a held batch sees
+    it at its next choice, at most `HOLD_STEPS` steps late."""
+    plain_s = [0.01] * 40 + [0.05] * 200
+    _, drafted_each, _ = _fallback_run(plain_s, spec_s=0.013, held=False)
+    _, drafted_held, _ = _fallback_run(plain_s, spec_s=0.013, held=True)
+    first_each = next(s for s in drafted_each if s > 40)
+    first_held = next(s for s in drafted_held if s > 40)
+    assert first_each < 100 and first_each <= first_held <= first_each + HOLD_STEPS

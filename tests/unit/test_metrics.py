@@ -13,6 +13,16 @@ def test_step_figures_and_window_rate() -> None:
     assert mon.observe(0, 0, 0) is None  # a step without drafts changes nothing
 
 
+def test_the_window_rate_covers_the_last_window_steps_only() -> None:
+    """The window's sums are kept as steps enter and leave it: the rate is always that of the last `window` steps."""
+    mon = AcceptanceMonitor(warn_below=0.5, window=4)
+    counts = [(3, 8), (0, 8), (8, 8), (1, 4), (2, 16), (5, 5), (0, 32), (7, 9), (4, 4)]
+    for i, (accepted, drafted) in enumerate(counts):
+        last = counts[max(i - 3, 0): i + 1]
+        rate = mon.observe(1, drafted, accepted).window_rate
+        assert rate == sum(a for a, _ in last) / sum(d for _, d in last)
+
+
 def test_warns_once_when_the_window_stays_low_and_again_after_recovery() -> None:
     mon = AcceptanceMonitor(warn_below=0.5, window=4)
     warnings = [mon.observe(2, 16, 2).warning for _ in range(8)]
