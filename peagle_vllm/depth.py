@@ -68,6 +68,9 @@ its next choice (at most twice its last K, so K can grow step by step; 0 in fall
 which starts from the K speculation last used), the scheduler reserves draft-head slots for that
 many only, the head drafts only as deep as the deepest reservation, and `choose` never exceeds what
 was reserved.
+
+In steady fallback most steps skip the controller altogether: `FallbackHold` keeps their time and gives it to
+the controller at the next choice, once per `HOLD_STEPS` + 1 steps of the same batch.
 """
 
 from __future__ import annotations
@@ -919,12 +922,13 @@ class DepthController:
 class FallbackHold:
     """Steps of a batch in steady fallback that skip the controller. After a choice that held its batch in fallback
     with nothing due (`DepthController.quiet_steps`), up to `HOLD_STEPS` following plain decode steps of the same
-    batch are only kept (time, tokens, emitted tokens) while the controller's clock advances; the first other step,
-    or the schedule of one that may draft, gives them to the controller in order (`release`) before its own. Why:
-    in the engine at concurrency 4 a step's observation and choice cost some 100 us of a 10 ms plain step, nearly
-    all of it cache misses after the model's forward (the same calls back to back take 11 us); once per eight steps
-    that is an eighth. What it costs: plain decoding timed faster or slower is seen up to `HOLD_STEPS` steps late
-    (probes come at least `probe_every` steps apart: a probe brought forward by it comes that much later)."""
+    batch are only kept (their time and emitted tokens) while the controller's clock advances; the first other
+    step, or the schedule of one that may draft, gives them to the controller in order (`release`) before its own.
+    Why: in the engine at concurrency 4 a step's observation and choice cost some 100 us of a 10 ms plain step,
+    nearly all of it cache misses after the model's forward (the same calls back to back take 11 us); once per
+    eight steps that is an eighth. What it costs: plain decoding timed slower (or faster) during a hold is seen at
+    the next choice, up to `HOLD_STEPS` steps late, and a probe it brings forward comes that much later; where the
+    speeds stay put, the controller probes at the same steps and ends in the same state as with a choice each step."""
 
     __slots__ = ("batch", "left", "kept")
 
