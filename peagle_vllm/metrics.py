@@ -25,7 +25,7 @@ class AcceptanceMonitor:
             raise ValueError(f"acceptance warning threshold must lie in [0, 1], got {warn_below}")
         self.warn_below = warn_below
         self.window: deque[tuple[int, int]] = deque(maxlen=window)
-        self._sums = (0, 0)  # accepted and drafted over the window, kept as steps enter and leave it (not summed per step)
+        self._sums = (0, 0)  # accepted and drafted over the window, kept as steps enter and leave it
         self._low = False
 
     def observe(self, num_drafts: int, num_draft_tokens: int, num_accepted: int) -> StepFigures | None:

@@ -47,8 +47,9 @@ def reserve_own_lookahead(scheduler, lookahead_for) -> None:
 
 def schedule_without_lookahead(scheduler, schedule, args: tuple, kwargs: dict):
     """`schedule(scheduler, *args, **kwargs)` with vLLM's own allocate_slots and no draft lookahead, for a step
-    where no request may draft and none can join (a batch in fallback; a full batch admits none): the wrapper above would reserve
-    nothing for any of them, at a Python call per request per step (0.5% of a plain step at concurrency 64)."""
+    where no request may draft and none can join (a batch in fallback; a full batch admits none): the wrapper
+    above would reserve nothing for any of them, at a Python call per request per step (0.5% of a plain step at
+    concurrency 64)."""
     manager = scheduler.kv_cache_manager
     own, full = manager.__dict__.pop("allocate_slots"), scheduler.num_lookahead_tokens
     scheduler.num_lookahead_tokens = 0

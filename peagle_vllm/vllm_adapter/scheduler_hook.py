@@ -194,8 +194,9 @@ def _hold(self, ctrl: DepthController, scheduler_output, model_runner_output, fi
     for the controller and its K=0 counted, and nothing else is done for it."""
     hold: FallbackHold = self._peagle_hold
     last = self._peagle_last_step
+    scheduled = scheduler_output.num_scheduled_tokens
     if (last is None or scheduler_output.finished_req_ids
-            or not hold.holds(scheduler_output.num_scheduled_tokens.keys(), scheduler_output.total_num_scheduled_tokens)):
+            or not hold.holds(scheduled.keys(), scheduler_output.total_num_scheduled_tokens)):
         return False
     self._peagle_last_step = now = time.perf_counter()
     hold.keep(ctrl, now - last, sum(map(len, model_runner_output.sampled_token_ids)))
