@@ -93,10 +93,11 @@ REWEIGH_EVERY, REWEIGH_FROM = 4, 4  # batches of 4 or more keep their weighing's
 PROBE_BUDGET = (0.02, 0.005)
 VALUE_DECAY = 0.9  # weight of the past in what arrival trials gained, per trial: rare large gains must weigh in
 VALUE_TRIALS = 4  # arrival trials measured before their value may stop them
-# beyond batch 1, each probe in a row that ends in fallback at the same batch-size bucket doubles the next
-# interval, up to 2**MAX_BACKOFF times: a trial there costs more than its own steps (the requests it sped up
-# fall out of step with the rest: in the engine at c=4 a round with a probe ran 5-30% below plain, where its
-# steps alone cost some 3%), and where speculation keeps losing, each probe says so again
+# beyond batch 1, each probe in a row at the same batch-size bucket whose stretch of speculation lost time on
+# balance (`_count_lost_probe`) doubles the next interval, up to 2**MAX_BACKOFF times: a trial there costs more
+# than its own steps (the requests it sped up fall out of step with the rest: in the engine at c=4 a round with
+# a probe ran 5-30% below plain, where its steps alone cost some 3%), and where speculation keeps losing, each
+# probe says so again
 MAX_BACKOFF = 3
 # a long trial (`alone_trial_steps`) whose first `probe_steps` steps measure speculation slower than plain decoding
 # by more than this ends there: where drafting is hopeless each new request's long trial would cost some 16 steps,
@@ -444,8 +445,11 @@ class DepthController:
         self.trial_bucket = 0  # batch-size bucket at which it began (the engine's start: its first batch's)
         # at batch 1: seconds a trial gained, its stretch included (decayed mean), and trials measured
         self.trial_value: tuple[float, int] = (0.0, 0)
-        self.lost_probes: dict[int, int] = {}  # per batch-size bucket beyond 1: probes in a row that ended in fallback
-        self._probing = False  # the current stretch of speculation began with a probe from fallback
+        self.lost_probes: dict[int, int] = {}  # per batch-size bucket beyond 1: probes lost in a row there
+        # the bucket of the latest probe beyond batch 1, and the seconds its stretch of speculation gained and took
+        # so far (None once that stretch is over)
+        self._probe_bucket = 0
+        self._probe_gain: tuple[float, float] | None = None
         self._stretch: float | None = None  # seconds gained so far by the latest trial at batch 1
         self._held: tuple[str, ...] = ()  # the batch of the latest choice, when it held the batch in fallback
         self._quiet_at = -1  # step of the latest choice that held its batch in fallback with nothing due
@@ -484,10 +488,13 @@ class DepthController:
         if speeds is None:
             speeds = self.speeds[bucket] = (_Speed(PLAIN_DECAY), _Speed())
         plain, spec = speeds
-        if step.draft_rows and self._stretch is not None and plain.value is not None:
+        if step.draft_rows and plain.value is not None and (self._stretch is not None or self._probe_gain is not None):
             # seconds plain decoding would take for the step's tokens, less the step's own
             gained = step.emitted / (step.requests * plain.value) - step.seconds
-            self._stretch += gained
+            if self._stretch is not None:
+                self._stretch += gained
+            if self._probe_gain is not None:
+                self._probe_gain = (self._probe_gain[0] + gained, self._probe_gain[1] + step.seconds)
         if step.draft_rows and step.verified and not opened:
             spec.add(self._expected * step.requests, step.requests, step.seconds)
             self.trial_left = max(self.trial_left - 1, 0)
@@ -547,12 +554,17 @@ class DepthController:
             return self.opt.probe_every
         return int(np.clip(lost / budget, self.opt.probe_every, 64 * self.opt.probe_every))
 
-    def _count_lost_probe(self, bucket: int) -> int:
-        """On entering fallback at this bucket: probes in a row there whose trial ended in fallback (this one
-        included when it is one), for the backoff of the next interval (`MAX_BACKOFF`; batch 1 has none)."""
-        lost = self._probing and bucket > 1 and self.steps <= self.probe_until + 1
-        self.lost_probes[bucket] = self.lost_probes.get(bucket, 0) + 1 if lost else 0
-        return min(self.lost_probes[bucket], MAX_BACKOFF)
+    def _count_lost_probe(self) -> None:
+        """On leaving speculation: the stretch the latest probe beyond batch 1 opened is over. Unless it gained more
+        than `TIE` of its time (plain time for its tokens less its own, its opening step included), it is one more
+        probe lost in a row at its bucket (`MAX_BACKOFF`); one that did ends the row. A tie is lost: beyond batch 1
+        a stretch costs more than its steps (see `MAX_BACKOFF`). Counting only probes whose trial itself ended in
+        fallback, a trial won by the noise of a few steps, or a new batch's trial within its stretch, started the
+        backoff afresh: in the engine at c=4, nine probes in 30 rounds, where speculation ran near a tie."""
+        if self._probe_gain is not None:
+            bucket, (gained, seconds) = self._probe_bucket, self._probe_gain
+            self.lost_probes[bucket] = self.lost_probes.get(bucket, 0) + 1 if gained <= TIE * seconds else 0
+            self._probe_gain = None
 
     def _in_trial(self, step: int) -> bool:
         """Whether the current trial still times speculation at `step`."""
@@ -595,11 +607,12 @@ class DepthController:
         return speeds is not None and speeds[1] < (1 - CLEAR_LOSS) * speeds[0]
 
     def _leave_trial(self, bucket: int) -> None:
-        """Ends the current trial unfinished, straight into fallback at `bucket` (no probe counted lost there:
-        none was made there); the next probe one interval on."""
+        """Ends the current trial unfinished, straight into fallback at `bucket`; the next probe one interval on (a
+        probe's stretch is counted at the probe's own bucket)."""
         self.trial_left, self.speculating, self.fallback_bucket = 0, False, bucket
         self._schedule_probe()
         self._close_stretch()
+        self._count_lost_probe()
 
     def _close_stretch(self) -> None:
         """The latest trial's stretch of speculation is over: what it gained joins the trial value."""
@@ -782,7 +795,9 @@ class DepthController:
         if trial:  # speculation runs at the model's K until its speed is timed afresh
             timed = self.opt.probe_steps if probe or len(req_ids) > 1 else self.opt.alone_trial_steps
             self.trial_left, self.trial_length, self.probe_until = timed, timed, self.steps + 4 * timed
-            self.trial_step, self.trial_bucket, self._probing = self.steps, bucket, probe
+            self.trial_step, self.trial_bucket = self.steps, bucket
+            if probe and bucket > 1:
+                self._probe_bucket, self._probe_gain = bucket, (0.0, 0.0)
             self._close_stretch()
             if len(req_ids) == 1:  # what the trial gains, its stretch of speculation included, is measured
                 self._stretch = 0.0
@@ -817,7 +832,8 @@ class DepthController:
             threshold = np.inf
         if self.speculating and threshold == np.inf:  # entering fallback: the first probe comes one interval later
             self.fallback_bucket = bucket
-            backoff = 2 ** self._count_lost_probe(bucket)
+            self._count_lost_probe()
+            backoff = 2 ** min(self.lost_probes.get(bucket, 0), MAX_BACKOFF)
             self.probe_interval = backoff * self._fallback_interval(len(req_ids), PROBE_BUDGET[len(req_ids) > 1])
             # the early probe, when speculation measures faster, comes as soon as at batch 1's budget
             self.early_interval = backoff * self._fallback_interval(len(req_ids), PROBE_BUDGET[0])

@@ -881,3 +881,29 @@ def test_plain_decoding_timed_slower_during_a_hold_brings_the_probe_forward_at_m
     first_each = next(s for s in drafted_each if s > 40)
     first_held = next(s for s in drafted_held if s > 40)
     assert first_each < 100 and first_each <= first_held <= first_each + HOLD_STEPS
+
+
+def test_a_probe_whose_stretch_loses_on_balance_is_lost_though_its_trial_won() -> None:
+    """Beyond batch 1 a probe's trial wins on its first steps, then speculation runs slower than plain decoding
+    until it falls back, after the trial's last step: the stretch lost time on balance, so the backoff goes on
+    growing (counted by the trial's outcome alone, it started afresh: a trial won by noise reset it)."""
+    ctrl = DepthController(DepthOptions(max_k=4, probe_every=8))
+    ids = ["a", "b", "c", "d"]
+    _steps(ctrl, ids, 3000, plain_s=0.04, spec_s=0.4)
+    lost = ctrl.lost_probes[3]
+    assert lost >= 2 and not ctrl.speculating, "the premise: probes lost in a row"
+    spec_steps, last, gained = 0, 0, 0.0
+    while not spec_steps or ctrl.speculating:
+        caps = [ctrl.reservation(r, len(ids)) for r in ids]
+        ks = ctrl.choose(ids, caps)
+        last = ctrl.steps if ctrl.speculating else last
+        ctrl.observe(ids, ks, ks)
+        seconds = 0.04
+        if max(caps):  # a speculative step: 1.05x plain decoding's speed, then 0.8x from the 17th
+            spec_steps += 1
+            seconds = 0.19 if spec_steps <= 16 else 0.25
+            gained += (4 + sum(ks)) * 0.04 / 4 - seconds
+        ctrl.observe_step(Step(tokens=4 + sum(ks), draft_rows=max(caps) * 4, seconds=seconds, requests=4,
+                               emitted=4 + sum(ks), verified=sum(ks)))
+    assert last > ctrl.probe_until and gained < 0, "the premise: the trial ended speculating, the stretch lost"
+    assert ctrl.lost_probes[3] == lost + 1
