@@ -93,8 +93,8 @@ REWEIGH_EVERY, REWEIGH_FROM = 4, 4  # batches of 4 or more keep their weighing's
 PROBE_BUDGET = (0.02, 0.005)
 VALUE_DECAY = 0.9  # weight of the past in what arrival trials gained, per trial: rare large gains must weigh in
 VALUE_TRIALS = 4  # arrival trials measured before their value may stop them
-# beyond batch 1, each probe in a row at the same batch-size bucket whose stretch of speculation lost time on
-# balance (`_count_lost_probe`) doubles the next interval, up to 2**MAX_BACKOFF times: a trial there costs more
+# beyond batch 1, each probe in a row at the same batch-size bucket whose stretch of speculation gained no more
+# than a tie (`_count_lost_probe`) doubles the next interval, up to 2**MAX_BACKOFF times: a trial there costs more
 # than its own steps (the requests it sped up fall out of step with the rest: in the engine at c=4 a round with
 # a probe ran 5-30% below plain, where its steps alone cost some 3%), and where speculation keeps losing, each
 # probe says so again
