@@ -4,7 +4,11 @@ standard and the depth head — as ratios measured in one run. Writes a markdown
 every raw figure, and PNG plots (speedup vs K per concurrency; per-position acceptance).
 Concurrency c means c requests in flight, a new one entering as soon as one ends: served, c
 streaming clients; offline, an engine with `max_num_seqs` c given all of the cell's requests at once
-(as an offline user runs vLLM), so each concurrency gets engines of its own. Prefix caching is off
+(as an offline user runs vLLM), so each concurrency gets engines of its own. Every request emits
+`max_tokens` tokens (EOS ignored), or with a range ratio r its own length drawn once, uniformly within
+max_tokens x (1 +- r), the same in every mode and round (as `vllm bench serve --random-range-ratio`):
+requests of one length arriving together stay in step under plain decoding, and end ragged only where
+speculation set them apart, which traffic of mixed lengths does anyway. Prefix caching is off
 in every mode: the same prompts come back in every cell and round, and with caching on their
 prefills would be skipped by modes without a drafter but partly recomputed by EAGLE-style ones
 (vLLM drops their last cached block: 128 tokens on CPU), a difference of the benchmark's repetition,
@@ -20,6 +24,7 @@ import functools
 import json
 import math
 import platform
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -66,16 +71,27 @@ def requests_for(prompts: list[T], concurrency: int) -> list[T]:
     return (prompts * (n // len(prompts) + 1))[:n]
 
 
-def _measure(llm, prompts: list[str], concurrency: int, max_tokens: int, temperature: float) -> dict:
+def output_lengths(count: int, max_tokens: int, range_ratio: float) -> list[int]:
+    """Tokens each of `count` requests emits: `max_tokens`, or with a range ratio r each drawn uniformly within
+    max_tokens x (1 +- r), at least 1, from a fixed seed (the same requests in every mode and round)."""
+    low, high = max(round(max_tokens * (1 - range_ratio)), 1), round(max_tokens * (1 + range_ratio))
+    draw = random.Random(0)
+    return [draw.randint(low, high) for _ in range(count)]
+
+
+def _measure(llm, prompts: list[str], concurrency: int, max_tokens: int, temperature: float,
+             range_ratio: float = 0.0) -> dict:
     """The cell's requests, all at once, to an engine that runs at most `concurrency` of them together
-    (built with that `max_num_seqs`; see `_engine`)."""
+    (built with that `max_num_seqs`; see `_engine`), each emitting its `output_lengths` tokens."""
     from vllm import SamplingParams
 
+    requests = requests_for(prompts, concurrency)
     # no seed: under adaptive depth a seeded sampled request keeps K_max (its seed then repeats its tokens),
     # which would measure a fixed K instead
-    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True)
+    params = [SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True)
+              for n in output_lengths(len(requests), max_tokens, range_ratio)]
     t0 = time.perf_counter()
-    outs = llm.generate(requests_for(prompts, concurrency), params, use_tqdm=False)
+    outs = llm.generate(requests, params, use_tqdm=False)
     seconds = time.perf_counter() - t0
     spec = _spec_figures(outs)
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
@@ -105,10 +121,10 @@ def _spec_figures(outs) -> SpecFigures:
 
 def run_bench(models: Path, out_dir: Path, ks: list[int], concurrencies: list[int], temperatures: list[float],
               max_tokens: int, modes: list[str] | None = None, adaptive_ks: list[int] | None = None,
-              interfaces: tuple[str, ...] = ("offline",), rounds: int = 1) -> list[dict]:
+              interfaces: tuple[str, ...] = ("offline",), rounds: int = 1, range_ratio: float = 0.0) -> list[dict]:
     """Every chosen mode at every K (adaptive modes at `adaptive_ks`, their K_max, when given),
-    concurrency and temperature, offline (`LLM`) and/or served (HTTP streaming), `rounds` times;
-    rows with raw figures (medians over the rounds) and ratios."""
+    concurrency and temperature, offline (`LLM`) and/or served (HTTP streaming), `rounds` times, requests
+    emitting `output_lengths` tokens; rows with raw figures (medians over the rounds) and ratios."""
     from tqdm import tqdm
 
     from peagle_vllm.bench_served import run_mode
@@ -135,26 +151,27 @@ def run_bench(models: Path, out_dir: Path, ks: list[int], concurrencies: list[in
 
     for interface in interfaces:
         if interface == "offline" and rounds > 1:
-            _offline_interleaved(target, models, jobs, prompts, concurrencies, temperatures, max_tokens, rounds,
-                                 functools.partial(add, interface))
+            _offline_interleaved(target, models, jobs, prompts, concurrencies, temperatures, max_tokens, range_ratio,
+                                 rounds, functools.partial(add, interface))
             continue
         for rnd in range(rounds):
             for mode, k in (jobs if rnd % 2 == 0 else jobs[::-1]):
                 on_row = functools.partial(add, interface, rnd, mode, k)
                 if interface == "served":
-                    run_mode(target, mode.spec(models, k), prompts, concurrencies, temperatures, max_tokens, on_row)
+                    run_mode(target, mode.spec(models, k), prompts, concurrencies, temperatures, max_tokens, range_ratio,
+                             on_row)
                     continue
                 for conc in concurrencies:
                     llm = _warm_engine(target, mode.spec(models, k), conc, prompts)
                     for temperature in temperatures:
-                        on_row(conc, temperature, _measure(llm, prompts, conc, max_tokens, temperature))
+                        on_row(conc, temperature, _measure(llm, prompts, conc, max_tokens, temperature, range_ratio))
                     close_llm(llm)
     bar.close()
     rows = median_of_rounds(rows)
     _add_ratios(rows)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {_cpus()} CPUs",
-            "max_tokens": max_tokens, "prompts": len(prompts), "rounds": rounds}
+            "max_tokens": max_tokens, "range_ratio": range_ratio, "prompts": len(prompts), "rounds": rounds}
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (out_dir / "bench.md").write_text(markdown_table(rows) + "\n" + adaptive_summary(rows))
     _plot(rows, out_dir)
@@ -182,8 +199,8 @@ def _warm_engine(target: Path, spec: dict | None, concurrency: int, prompts: lis
 
 
 def _offline_interleaved(target: Path, models: Path, jobs: list[tuple[Mode, int]], prompts: list[str],
-                         concurrencies: list[int], temperatures: list[float], max_tokens: int, rounds: int,
-                         add) -> None:
+                         concurrencies: list[int], temperatures: list[float], max_tokens: int, range_ratio: float,
+                         rounds: int, add) -> None:
     """Per concurrency, every job's engine at once (about 1 GiB each), each cell then measured round
     after round with every engine in turn (the order rotated each round), so that a slow spell of the
     machine falls on all modes of a cell alike rather than on whichever mode ran then."""
@@ -196,7 +213,8 @@ def _offline_interleaved(target: Path, models: Path, jobs: list[tuple[Mode, int]
                 for rnd in range(rounds):
                     turn = rnd % len(jobs)
                     for (mode, k), llm in list(zip(jobs, engines))[turn:] + list(zip(jobs, engines))[:turn]:
-                        add(rnd, mode, k, conc, temperature, _measure(llm, prompts, conc, max_tokens, temperature))
+                        add(rnd, mode, k, conc, temperature,
+                            _measure(llm, prompts, conc, max_tokens, temperature, range_ratio))
         finally:
             for llm in engines:
                 close_llm(llm)

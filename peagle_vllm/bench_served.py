@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from peagle_vllm.bench import WARMUP, requests_for
+from peagle_vllm.bench import WARMUP, output_lengths, requests_for
 from peagle_vllm.server_process import ServerConfig, running_server, scrape_metrics
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -34,28 +34,32 @@ async def _stream(client, prompt: str, max_tokens: int, temperature: float) -> t
     return (first if first is not None else total), total, tokens
 
 
-async def _clients(base_url: str, prompts: list[str], concurrency: int, max_tokens: int,
-                   temperature: float) -> tuple[list[tuple[float, float, int]], float]:
-    """The cell's requests (`requests_for`) with at most `concurrency` in flight, each client sending
-    its next one as soon as the last ends; their (TTFT, latency, tokens) and the wall time of all."""
+async def _clients(base_url: str, prompts: list[str], concurrency: int, max_tokens: int, temperature: float,
+                   range_ratio: float) -> tuple[list[tuple[float, float, int]], float]:
+    """The cell's requests (`requests_for`, each emitting its `output_lengths` tokens) with at most `concurrency`
+    in flight, each client sending its next one as soon as the last ends; their (TTFT, latency, tokens) and the
+    wall time of all."""
     from openai import AsyncOpenAI
 
     slots = asyncio.Semaphore(concurrency)
 
-    async def one(client, prompt: str) -> tuple[float, float, int]:
+    async def one(client, prompt: str, length: int) -> tuple[float, float, int]:
         async with slots:
-            return await _stream(client, prompt, max_tokens, temperature)
+            return await _stream(client, prompt, length, temperature)
 
+    requests = requests_for(prompts, concurrency)
+    lengths = output_lengths(len(requests), max_tokens, range_ratio)
     async with AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=600) as client:
         t0 = time.perf_counter()
-        results = await asyncio.gather(*(one(client, p) for p in requests_for(prompts, concurrency)))
+        results = await asyncio.gather(*(one(client, p, n) for p, n in zip(requests, lengths)))
         return list(results), time.perf_counter() - t0
 
 
-def measure(base_url: str, prompts: list[str], concurrency: int, max_tokens: int, temperature: float) -> dict:
+def measure(base_url: str, prompts: list[str], concurrency: int, max_tokens: int, temperature: float,
+            range_ratio: float = 0.0) -> dict:
     """The cell's streamed requests: throughput, mean TTFT/TPOT and the acceptance length they saw."""
     before = scrape_metrics(base_url)
-    results, wall = asyncio.run(_clients(base_url, prompts, concurrency, max_tokens, temperature))
+    results, wall = asyncio.run(_clients(base_url, prompts, concurrency, max_tokens, temperature, range_ratio))
     after = scrape_metrics(base_url)
     drafts = after.get(DRAFTS, 0.0) - before.get(DRAFTS, 0.0)
     accepted = after.get(ACCEPTED, 0.0) - before.get(ACCEPTED, 0.0)
@@ -68,7 +72,7 @@ def measure(base_url: str, prompts: list[str], concurrency: int, max_tokens: int
 
 
 def run_mode(target: Path, spec: dict | None, prompts: list[str], concurrencies: list[int], temperatures: list[float],
-             max_tokens: int, on_row) -> None:
+             max_tokens: int, range_ratio: float, on_row) -> None:
     """Starts one server for `spec` (None: no speculation), warms it up, measures every concurrency and
     temperature, and hands each figure dict to `on_row(concurrency, temperature, figures)`."""
     with tempfile.TemporaryDirectory() as logs:
@@ -78,4 +82,5 @@ def run_mode(target: Path, spec: dict | None, prompts: list[str], concurrencies:
             measure(server.base_url, prompts, *WARMUP, 0.0)
             for temperature in temperatures:
                 for conc in concurrencies:
-                    on_row(conc, temperature, measure(server.base_url, prompts, conc, max_tokens, temperature))
+                    on_row(conc, temperature,
+                           measure(server.base_url, prompts, conc, max_tokens, temperature, range_ratio))

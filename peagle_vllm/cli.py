@@ -17,6 +17,17 @@ def _fail(message: str) -> None:
     raise SystemExit(2)
 
 
+def _range_ratio(text: str) -> float:
+    """`--range-ratio`: a fraction in [0, 1), else argparse's usage error naming the option."""
+    try:
+        ratio = float(text)
+    except ValueError:
+        ratio = -1.0
+    if not 0.0 <= ratio < 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in [0, 1): e.g. 0.5 for 0.5-1.5 x --max-tokens")
+    return ratio
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
     """No speculation vs p_eagle on the demo models: tokens/s, speedup, acceptance, lossless check."""
     from peagle_vllm.runs import generate, set_cpu_defaults
@@ -139,7 +150,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
     temperatures = args.temperature or ([0.0] if quick else [0.0, 1.0])
     rows = run_bench(Path(args.models), Path(args.out), ks, concurrencies, temperatures,
                      args.max_tokens or (64 if quick else 128), args.modes, args.adaptive_k,
-                     tuple(args.interface or (["offline"] if quick else ["offline", "served"])), args.rounds)
+                     tuple(args.interface or (["offline"] if quick else ["offline", "served"])), args.rounds,
+                     args.range_ratio)
     print(markdown_table(rows))
     print(adaptive_summary(rows))
     print(f"written: {args.out}/bench.md, bench.json, speedup_vs_k.png, per_position_acceptance.png")
@@ -200,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--concurrency", type=int, nargs="*")
     b.add_argument("--temperature", type=float, nargs="*")
     b.add_argument("--max-tokens", type=int)
+    b.add_argument("--range-ratio", type=_range_ratio, default=0.0,
+                   help="each request emits its own number of tokens, drawn once within max-tokens x (1 +- ratio), "
+                   "as vllm bench serve's --random-range-ratio (default 0: every request max-tokens)")
     b.add_argument("--interface", nargs="*", choices=["offline", "served"],
                    help="offline LLM and/or served HTTP streaming (default: both; --quick: offline)")
     b.add_argument("--adaptive-k", type=int, nargs="*", help="K_max of the adaptive mode (default: every --k)")

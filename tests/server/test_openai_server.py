@@ -101,12 +101,14 @@ def test_bad_speculative_config_is_one_clear_line(demo) -> None:
 
 
 def test_served_benchmark_figures_come_from_real_streams(server) -> None:
-    """The served half of `peagle-vllm bench`: 6 streams of 16 tokens (ignore_eos), 3 at a time, TTFT
-    below the whole latency, and the acceptance length read from the server's own counters."""
+    """The served half of `peagle-vllm bench`: 6 streams (ignore_eos), 3 at a time, each of its own length within
+    16 x (1 +- 0.5), TTFT below the whole latency, and the acceptance length read from the server's own counters."""
+    from peagle_vllm.bench import output_lengths
     from peagle_vllm.bench_served import measure
 
-    fig = measure(server["base"], [PROMPT, "def f(x):\n"], 3, 16, 0.0)
-    assert fig["tokens_per_s"] == pytest.approx(6 * 16 / fig["seconds"])  # two requests per concurrent slot
+    fig = measure(server["base"], [PROMPT, "def f(x):\n"], 3, 16, 0.0, range_ratio=0.5)
+    lengths = output_lengths(6, 16, 0.5)  # two requests per concurrent slot
+    assert len(set(lengths)) > 1 and fig["tokens_per_s"] == pytest.approx(sum(lengths) / fig["seconds"])
     assert 0 < fig["ttft_ms"] < 1e3 * fig["seconds"]
     assert fig["tpot_ms"] > 0
     assert fig["acceptance_length"] > 1.0

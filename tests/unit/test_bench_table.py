@@ -4,13 +4,33 @@ from __future__ import annotations
 
 import pytest
 
-from peagle_vllm.bench import _add_ratios, adaptive_summary, median_interval, median_of_rounds, requests_for
+from peagle_vllm.bench import (_add_ratios, adaptive_summary, median_interval, median_of_rounds, output_lengths,
+                               requests_for)
 
 
 def test_a_cell_sends_every_prompt_and_two_per_concurrent_slot() -> None:
     prompts = ["a", "b", "c"]
     assert requests_for(prompts, 1) == prompts  # concurrency 1 still measures every prompt, one after another
     assert requests_for(prompts, 4) == ["a", "b", "c", "a", "b", "c", "a", "b"]
+
+
+def test_output_lengths_are_fixed_by_default_and_else_drawn_within_the_range_the_same_every_time() -> None:
+    assert output_lengths(5, 64, 0.0) == [64] * 5
+    drawn = output_lengths(400, 64, 0.5)
+    assert min(drawn) == 32 and max(drawn) == 96  # both ends reached in 400 draws from 65 values
+    assert 60 < sum(drawn) / len(drawn) < 68
+    assert output_lengths(400, 64, 0.5) == drawn  # every mode and round sends the same requests
+    assert output_lengths(10, 64, 0.5) == drawn[:10]  # a smaller cell sends the first of them
+    assert min(output_lengths(50, 2, 0.9)) == 1  # never a request of no tokens
+
+
+def test_the_cli_names_a_range_ratio_out_of_bounds_and_what_it_takes() -> None:
+    from peagle_vllm.cli import build_parser
+
+    assert build_parser().parse_args(["bench", "--range-ratio", "0.5"]).range_ratio == 0.5
+    for bad in ("1", "-0.1", "half"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["bench", "--range-ratio", bad])
 
 
 def _row(mode: str, k: int, tps: float, conc: int = 1) -> dict:
