@@ -158,8 +158,8 @@ def run_bench(models: Path, out_dir: Path, ks: list[int], concurrencies: list[in
             for mode, k in (jobs if rnd % 2 == 0 else jobs[::-1]):
                 on_row = functools.partial(add, interface, rnd, mode, k)
                 if interface == "served":
-                    run_mode(target, mode.spec(models, k), prompts, concurrencies, temperatures, max_tokens, range_ratio,
-                             on_row)
+                    run_mode(target, mode.spec(models, k), prompts, concurrencies, temperatures, max_tokens,
+                             range_ratio, on_row)
                     continue
                 for conc in concurrencies:
                     llm = _warm_engine(target, mode.spec(models, k), conc, prompts)
