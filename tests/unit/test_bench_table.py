@@ -24,13 +24,15 @@ def test_output_lengths_are_fixed_by_default_and_else_drawn_within_the_range_the
     assert min(output_lengths(50, 2, 0.9)) == 1  # never a request of no tokens
 
 
-def test_the_cli_names_a_range_ratio_out_of_bounds_and_what_it_takes() -> None:
+def test_the_cli_names_a_range_ratio_out_of_bounds_and_what_it_takes(capsys) -> None:
     from peagle_vllm.cli import build_parser
 
     assert build_parser().parse_args(["bench", "--range-ratio", "0.5"]).range_ratio == 0.5
     for bad in ("1", "-0.1", "half"):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["bench", "--range-ratio", bad])
+        error = capsys.readouterr().err.splitlines()[-1]
+        assert "argument --range-ratio" in error and f"'{bad}' is not a fraction in [0, 1)" in error
 
 
 def _row(mode: str, k: int, tps: float, conc: int = 1) -> dict:
