@@ -7,8 +7,9 @@ kept for the proposer, and, as a test aid, stale KV is poisoned. And `sample_tok
 output carries the draft time to the scheduler (which sends it on to the front end's metrics).
 A plain step (adaptive depth: nothing to verify and no draft to follow, every request in fallback)
 runs `execute_model` and `sample_tokens` with the runner's speculative config set aside, i.e. on
-vLLM's own no-speculation path: no spec-decode metadata, vLLM's plain sampler, no drafter (and the
-engine core does not ask for draft token ids after a depth-0 step: `scheduler_hook`'s post_step).
+vLLM's own no-speculation path: no spec-decode metadata, vLLM's plain sampler, no drafter, and a target
+forward without the auxiliary hidden states only the head reads (and the engine core does not ask for
+draft token ids after a depth-0 step: `scheduler_hook`'s post_step).
 """
 
 from __future__ import annotations
@@ -70,14 +71,42 @@ def _wrap_input_fits(original):
 PLAIN_STEP_ATTR = "peagle_plain_step"  # runner attribute: the current step runs without speculation
 
 
-@contextlib.contextmanager
-def _without_speculation(runner):
-    """The runner as vLLM builds it without a speculative config, for one call."""
+AUX_HOLDER_ATTR = "_peagle_aux_holder"  # runner attribute: `_aux_holder`'s finding, made once
+_UNSEEN = object()
+
+
+def _aux_holder(runner):
+    """The target's module that captures EAGLE-3's auxiliary hidden states (`aux_hidden_state_layers`), found as
+    vLLM's `set_aux_hidden_state_layers` finds it, once per runner; None when the runner does not ask for them."""
+    holder = runner.__dict__.get(AUX_HOLDER_ATTR, _UNSEEN)
+    if holder is _UNSEEN:
+        holder = None
+        if getattr(runner, "use_aux_hidden_state_outputs", False):
+            model = getattr(runner, "model", None)
+            parent = model.get_language_model() if hasattr(model, "get_language_model") else getattr(
+                model, "language_model", model)
+            holder = getattr(parent, "model", parent)
+            holder = holder if getattr(holder, "aux_hidden_state_layers", ()) else None
+        runner.__dict__[AUX_HOLDER_ATTR] = holder
+    return holder
+
+
+def _call_plain(runner, call, args: tuple, kwargs: dict, holder=None):
+    """`call(runner, *args, **kwargs)` with the runner as vLLM builds it without a speculative config; given the
+    `_aux_holder`, also a target forward without the auxiliary hidden states only the draft head reads (a plain
+    step runs no draft, and the head's catch-up computes its tokens again; each captured layer is one more
+    tensor operation per forward: in this engine at c=4, some 20 us of a 4.7 ms step). Plain try/finally rather
+    than context managers: this runs on every step in fallback."""
     saved, runner.speculative_config = runner.speculative_config, None
+    if holder is not None:
+        layers, holder.aux_hidden_state_layers = holder.aux_hidden_state_layers, ()
+        runner.use_aux_hidden_state_outputs = False
     try:
-        yield
+        return call(runner, *args, **kwargs)
     finally:
         runner.speculative_config = saved
+        if holder is not None:
+            holder.aux_hidden_state_layers, runner.use_aux_hidden_state_outputs = layers, True
 
 
 def _is_plain_step(scheduler_output) -> bool:
@@ -93,8 +122,9 @@ def _wrap_execute_model(original):
         """A plain step costs what it costs in an engine without speculation."""
         plain = _is_plain_step(scheduler_output)
         setattr(self, PLAIN_STEP_ATTR, plain)
-        with _without_speculation(self) if plain else contextlib.nullcontext():
+        if not plain:
             return original(self, scheduler_output, *args, **kwargs)
+        return _call_plain(self, original, (scheduler_output, *args), kwargs, _aux_holder(self))
 
     return execute_model
 
@@ -104,9 +134,10 @@ def _wrap_sample_tokens(original):
     def sample_tokens(self, *args, **kwargs):
         """Attaches (draft runs, seconds) finished since the last step to this step's output (an
         attribute: it survives the pickling to the scheduler; async outputs wrap theirs and go without).
-        A plain step samples as vLLM does without speculation."""
-        with _without_speculation(self) if getattr(self, PLAIN_STEP_ATTR, False) else contextlib.nullcontext():
-            out = original(self, *args, **kwargs)
+        A plain step samples as vLLM does without speculation (and runs no draft)."""
+        if getattr(self, PLAIN_STEP_ATTR, False):
+            return _call_plain(self, original, args, kwargs)
+        out = original(self, *args, **kwargs)
         timer = getattr(getattr(self, "drafter", None), "draft_timer", None)
         if timer is not None and isinstance(out, ModelRunnerOutput):
             runs, seconds = timer.take()

@@ -1,7 +1,8 @@
 """A step in full fallback (adaptive depth, every request at K=0, nothing to verify) runs on vLLM's own
 no-speculation path: no spec-decode metadata (vLLM's speculative path builds it on every step, drafts
-or none), no rejection sampler, no drafter, no request for draft token ids, no draft lookahead in the KV
-allocation, and most steps not even a choice of the controller; outputs stay those of plain decoding."""
+or none), no rejection sampler, no drafter, no auxiliary hidden states in the target's forward, no request
+for draft token ids, no draft lookahead in the KV allocation, and most steps not even a choice of the
+controller; outputs stay those of plain decoding."""
 
 from __future__ import annotations
 
@@ -51,6 +52,17 @@ def test_a_step_in_fallback_skips_the_speculative_machinery(tiny, monkeypatch) -
     spy(GPUModelRunner, "_calc_spec_decode_metadata", "spec metadata", True)
     spy(PEagleRejectionSampler, "forward", "rejection sampler", True)
     spy(PEagleProposer, "propose", "draft", True)
+    # the target's forward in a plain step captures none of the auxiliary hidden states only the head reads
+    forward = GPUModelRunner._model_forward
+
+    def counted_forward(self, *args, **kwargs):
+        out = forward(self, *args, **kwargs)
+        seen["aux hidden states" if getattr(self, PLAIN_STEP_ATTR, False) else "aux when speculating"] += \
+            isinstance(out, tuple)
+        return out
+
+    monkeypatch.setattr(GPUModelRunner, "_model_forward", counted_forward)
+    seen["aux hidden states"] = seen["aux when speculating"] = 0
     # after a step without a draft the engine core does not ask the worker for draft token ids (in a server,
     # a round trip to the worker process that a no-spec engine does not make)
     spy(GPUModelRunner, "take_draft_token_ids", "drafts asked for", True)
@@ -85,5 +97,6 @@ def test_a_step_in_fallback_skips_the_speculative_machinery(tiny, monkeypatch) -
         close_llm(llm)
     assert seen["plain steps"] > 40 and seen["speculative steps"] > 0, seen  # of some 64 steps; the opening trial
     assert seen["schedules without lookahead"] > 30 and seen["steps held"] > 30, seen
-    speculative_machinery = ("spec metadata", "rejection sampler", "draft", "drafts asked for")
+    assert seen["aux when speculating"] > 0, seen  # the spy sees them where they are captured
+    speculative_machinery = ("spec metadata", "rejection sampler", "draft", "drafts asked for", "aux hidden states")
     assert all(seen[key] == 0 for key in speculative_machinery), seen
