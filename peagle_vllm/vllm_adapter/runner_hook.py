@@ -77,11 +77,14 @@ _UNSEEN = object()
 
 def _aux_holder(runner):
     """The target's module that captures EAGLE-3's auxiliary hidden states (`aux_hidden_state_layers`), found as
-    vLLM's `set_aux_hidden_state_layers` finds it, once per runner; None when the runner does not ask for them."""
+    vLLM's `set_aux_hidden_state_layers` finds it, once per runner; None when the runner does not ask for them,
+    or runs the model other than eagerly (a compiled or graph-captured forward keeps the outputs it was traced
+    with, whatever the attribute says then)."""
     holder = runner.__dict__.get(AUX_HOLDER_ATTR, _UNSEEN)
     if holder is _UNSEEN:
         holder = None
-        if getattr(runner, "use_aux_hidden_state_outputs", False):
+        eager = getattr(getattr(runner, "model_config", None), "enforce_eager", False)
+        if eager and getattr(runner, "use_aux_hidden_state_outputs", False):
             model = getattr(runner, "model", None)
             parent = model.get_language_model() if hasattr(model, "get_language_model") else getattr(
                 model, "language_model", model)
