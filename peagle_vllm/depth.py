@@ -446,10 +446,9 @@ class DepthController:
         # at batch 1: seconds a trial gained, its stretch included (decayed mean), and trials measured
         self.trial_value: tuple[float, int] = (0.0, 0)
         self.lost_probes: dict[int, int] = {}  # per batch-size bucket beyond 1: probes lost in a row there
-        # the bucket of the latest probe beyond batch 1, and the seconds its stretch of speculation gained and took
-        # so far (None once that stretch is over)
-        self._probe_bucket = 0
-        self._probe_gain: tuple[float, float] | None = None
+        # the latest probe beyond batch 1: its bucket, and the seconds its stretch of speculation gained and took so
+        # far (None once that stretch is over)
+        self._probe: tuple[int, float, float] | None = None
         self._stretch: float | None = None  # seconds gained so far by the latest trial at batch 1
         self._held: tuple[str, ...] = ()  # the batch of the latest choice, when it held the batch in fallback
         self._quiet_at = -1  # step of the latest choice that held its batch in fallback with nothing due
@@ -488,13 +487,14 @@ class DepthController:
         if speeds is None:
             speeds = self.speeds[bucket] = (_Speed(PLAIN_DECAY), _Speed())
         plain, spec = speeds
-        if step.draft_rows and plain.value is not None and (self._stretch is not None or self._probe_gain is not None):
+        if step.draft_rows and plain.value is not None and (self._stretch is not None or self._probe is not None):
             # seconds plain decoding would take for the step's tokens, less the step's own
             gained = step.emitted / (step.requests * plain.value) - step.seconds
             if self._stretch is not None:
                 self._stretch += gained
-            if self._probe_gain is not None:
-                self._probe_gain = (self._probe_gain[0] + gained, self._probe_gain[1] + step.seconds)
+            if self._probe is not None:
+                bucket_of_probe, probe_gained, probe_seconds = self._probe
+                self._probe = (bucket_of_probe, probe_gained + gained, probe_seconds + step.seconds)
         if step.draft_rows and step.verified and not opened:
             spec.add(self._expected * step.requests, step.requests, step.seconds)
             self.trial_left = max(self.trial_left - 1, 0)
@@ -561,10 +561,10 @@ class DepthController:
         a stretch costs more than its steps (see `MAX_BACKOFF`). Counting only probes whose trial itself ended in
         fallback, a trial won by the noise of a few steps, or a new batch's trial within its stretch, started the
         backoff afresh: in the engine at c=4, nine probes in 30 rounds, where speculation ran near a tie."""
-        if self._probe_gain is not None:
-            bucket, (gained, seconds) = self._probe_bucket, self._probe_gain
+        if self._probe is not None:
+            bucket, gained, seconds = self._probe
             self.lost_probes[bucket] = self.lost_probes.get(bucket, 0) + 1 if gained <= TIE * seconds else 0
-            self._probe_gain = None
+            self._probe = None
 
     def _in_trial(self, step: int) -> bool:
         """Whether the current trial still times speculation at `step`."""
@@ -797,7 +797,7 @@ class DepthController:
             self.trial_left, self.trial_length, self.probe_until = timed, timed, self.steps + 4 * timed
             self.trial_step, self.trial_bucket = self.steps, bucket
             if probe and bucket > 1:
-                self._probe_bucket, self._probe_gain = bucket, (0.0, 0.0)
+                self._probe = (bucket, 0.0, 0.0)
             self._close_stretch()
             if len(req_ids) == 1:  # what the trial gains, its stretch of speculation included, is measured
                 self._stretch = 0.0
