@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -146,11 +145,15 @@ def validate_weights(cfg: HeadConfig, weights: dict[str, torch.Tensor], where: s
                                   "tokens (target id = i + d2t[i]): the head belongs to another target")
 
 
-def load_head(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> PEagleHead:
-    """A PEagleHead with the checkpoint's weights (embed_tokens may be absent: then left random)."""
+def load_head(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
+              target_embeddings: torch.Tensor | None = None) -> PEagleHead:
+    """A PEagleHead with the checkpoint's weights. A head saved without `embed_tokens` reads the target's
+    `target_embeddings` [V, H] (left random when they are not given)."""
     cfg = read_head_config(path)
     weights = read_tensors(path)
     validate_weights(cfg, weights, str(path))
+    if "embed_tokens.weight" not in weights and target_embeddings is not None:
+        weights["embed_tokens.weight"] = target_embeddings
     head = PEagleHead(cfg)
     if "mask_hidden" in weights:
         weights["mask_hidden"] = weights["mask_hidden"].reshape(-1, head.mask_hidden.shape[-1])
@@ -205,29 +208,29 @@ def speculators_config(cfg: HeadConfig, verifier: str, verifier_arch: str = "Lla
     return out
 
 
-def save_head(head: PEagleHead, out_dir: str | os.PathLike, verifier: str, dtype: torch.dtype = torch.float16) -> None:
-    """Writes config.json + model.safetensors atomically (a temp dir renamed into place)."""
+def save_head(head: PEagleHead, out_dir: str | os.PathLike, verifier: str, dtype: torch.dtype = torch.float16,
+              share_embeddings: bool = False) -> None:
+    """Writes model.safetensors, then config.json, into `out_dir` (each written to a temporary file and
+    renamed into place; other files there are kept). `share_embeddings` leaves `embed_tokens` out: the
+    head then reads the target's embeddings, in vLLM as in `load_head(..., target_embeddings=...)`.
+    `verifier` names the target (a name, not a machine path)."""
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    out_dir.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for name, value in head.state_dict().items():
         value = value.detach().cpu()
         tensors[name] = value.to(dtype) if value.is_floating_point() else value
     if head.cfg.draft_vocab_size == head.cfg.vocab_size and not tensors["d2t"].any():
         del tensors["d2t"], tensors["t2d"]  # identity map: vLLM's EAGLE-3 loader refuses a d2t it does not need
+    if share_embeddings:
+        del tensors["embed_tokens.weight"]
     if "mask_hidden" in tensors and head.cfg.variant == "standard":
         tensors["mask_hidden"] = tensors["mask_hidden"].reshape(1, 1, -1)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / WEIGHTS_FILE))
-    (tmp / "config.json").write_text(json.dumps(speculators_config(head.cfg, verifier), indent=2))
-    if out_dir.exists():
-        backup = out_dir.with_name(out_dir.name + ".old")
-        os.replace(out_dir, backup)
-        os.replace(tmp, out_dir)
-        import shutil
-
-        shutil.rmtree(backup)
-    else:
-        os.replace(tmp, out_dir)
+    weights = out_dir / f".{WEIGHTS_FILE}.tmp"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(weights))
+    os.replace(weights, out_dir / WEIGHTS_FILE)
+    config = out_dir / ".config.json.tmp"
+    config.write_text(json.dumps(speculators_config(head.cfg, verifier), indent=2))
+    os.replace(config, out_dir / "config.json")

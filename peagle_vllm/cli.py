@@ -30,10 +30,10 @@ def _range_ratio(text: str) -> float:
 
 def cmd_demo(args: argparse.Namespace) -> None:
     """No speculation vs p_eagle on the demo models: tokens/s, speedup, acceptance, lossless check."""
-    from peagle_vllm.runs import generate, set_cpu_defaults
+    from peagle_vllm.harness.runs import generate, set_cpu_defaults
 
     set_cpu_defaults()
-    from peagle_vllm.corpus import held_out_prompts
+    from peagle_vllm.harness.corpus import held_out_prompts
 
     target, draft = Path(args.target).resolve(), Path(args.draft).resolve()
     for p in (target, draft):
@@ -70,10 +70,10 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 def cmd_eval_acceptance(args: argparse.Namespace) -> None:
     """Acceptance of a head on held-out prompts, through vLLM."""
-    from peagle_vllm.runs import generate, set_cpu_defaults
+    from peagle_vllm.harness.runs import generate, set_cpu_defaults
 
     set_cpu_defaults()
-    from peagle_vllm.corpus import held_out_prompts
+    from peagle_vllm.harness.corpus import held_out_prompts
 
     spec = {"method": args.method, "model": str(Path(args.draft).resolve()), "num_speculative_tokens": args.k}
     if args.method == "p_eagle" and args.fixed_k:
@@ -133,16 +133,27 @@ def cmd_train(args: argparse.Namespace) -> None:
     recipe = TrainRecipe(target=args.target, data=args.data, out=args.out, k=args.k, variant=args.variant,
                          steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
                          draft_vocab=args.draft_vocab, aux_layer_ids=aux, self_distill=not args.text_as_is,
-                         seed=args.seed, device=args.device)
+                         seed=args.seed, device=args.device, mask_token_id=args.mask_token_id,
+                         share_embeddings=args.share_embeddings, checkpoint_every=args.checkpoint_every)
     try:
         last = train(recipe, resume=args.resume)
     except (FileExistsError, ValueError) as exc:
         _fail(str(exc))
-    print(json.dumps({"out": str(Path(args.out).resolve() / "head"), "final": last}))
+    print(json.dumps({"head": str(Path(args.out).resolve()), "final": last}))
+
+
+def cmd_distill(args: argparse.Namespace) -> None:
+    """The target's own responses to the built training prompts, chunk by chunk (resumable)."""
+    from peagle_vllm.harness.distill import distill
+    from peagle_vllm.train.prompts import build_prompts
+
+    record = distill(args.target, build_prompts(args.prompts, seed=args.seed), Path(args.out), args.max_tokens,
+                     max_num_seqs=args.max_num_seqs)
+    print(json.dumps({"out": str(Path(args.out).resolve()), **record}))
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    from peagle_vllm.bench import adaptive_summary, markdown_table, run_bench
+    from peagle_vllm.harness.bench import adaptive_summary, markdown_table, run_bench
 
     quick = args.quick
     ks = args.k or ([8, 32] if quick else [1, 2, 4, 8, 16, 32])
@@ -188,21 +199,39 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train a P-EAGLE (or EAGLE-3) head for a target")
     t.add_argument("--target", required=True, help="Hugging Face causal LM directory")
-    t.add_argument("--data", required=True, help=".txt, .jsonl (text/prompt), a directory of .txt/.py, or a .npy token stream")
-    t.add_argument("--out", required=True)
+    t.add_argument("--data", required=True, help="a `peagle-vllm distill` directory (the target's own conversations; "
+                   "its states are captured once and cached there), or plain text: .txt, .jsonl (text/prompt), a "
+                   "directory of .txt/.py, a .npy token stream")
+    t.add_argument("--out", required=True, help="the head's directory (what vLLM loads); the trainer's resumable "
+                   "state goes to OUT/trainer/")
     t.add_argument("--k", type=int, default=8, help="trained depth, up to 32")
     t.add_argument("--variant", choices=["standard", "depth", "eagle3"], default="depth")
     t.add_argument("--steps", type=int, default=300)
     t.add_argument("--batch-size", type=int, default=8)
-    t.add_argument("--seq-len", type=int, default=128)
+    t.add_argument("--seq-len", type=int, default=128, help="tokens per window (plain text) or at most per "
+                   "conversation")
     t.add_argument("--lr", type=float, default=3e-3)
     t.add_argument("--draft-vocab", type=int, default=32000)
     t.add_argument("--aux-layers", default="", help="comma-separated target layer ids (default 2,L/2,L-3)")
     t.add_argument("--text-as-is", action="store_true", help="train on the given text, not on the target's own continuations")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    t.add_argument("--mask-token-id", type=int, help="token id fed to mask slots (default: the tokenizer's mask "
+                   "token, else its unk, pad or eos token)")
+    t.add_argument("--share-embeddings", action="store_true", help="keep the target's token embeddings frozen and "
+                   "leave them out of the head (vLLM shares the target's)")
+    t.add_argument("--checkpoint-every", type=int, default=50, help="steps between resumable checkpoints")
     t.add_argument("--resume", action="store_true")
     t.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("distill", help="the target's own chat responses to built training prompts (for train --data)")
+    s.add_argument("--target", required=True, help="Hugging Face causal LM directory with a chat template")
+    s.add_argument("--out", required=True, help="directory of chunk-NNNN.jsonl files; an interrupted run resumes")
+    s.add_argument("--prompts", type=int, default=8000, help="how many distinct training prompts to answer")
+    s.add_argument("--max-tokens", type=int, default=256)
+    s.add_argument("--max-num-seqs", type=int, default=256, help="requests vLLM runs at once")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=cmd_distill)
 
     b = sub.add_parser("bench", help="no-spec vs vLLM eagle3 vs vLLM parallel drafting vs p_eagle, side by side")
     b.add_argument("--quick", action="store_true", help="K 8,32; concurrency 1,16; greedy (a few minutes)")

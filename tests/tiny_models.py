@@ -18,7 +18,7 @@ def build_tiny_target(out: Path, hidden: int = 128, layers: int = 4, vocab: int 
     from tokenizers import ByteLevelBPETokenizer
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from peagle_vllm.demo_target import CHAT_TEMPLATE, EOS_TOKEN, MASK_TOKEN, PAD_TOKEN
+    from peagle_vllm.harness.demo_target import CHAT_TEMPLATE, EOS_TOKEN, MASK_TOKEN, PAD_TOKEN
 
     torch.manual_seed(seed)
     tok = ByteLevelBPETokenizer()

@@ -1,5 +1,6 @@
 """Training data: token windows from .txt/.jsonl text, optionally continued by the target itself
-(self-distillation), and the target's captured auxiliary hidden states and logits."""
+(self-distillation), and the target's captured auxiliary hidden states and logits; or a directory of
+conversations the target answered itself (`peagle-vllm distill`), read as token ids."""
 
 from __future__ import annotations
 
@@ -8,6 +9,19 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+
+def is_conversation_dir(path: str | Path) -> bool:
+    """True for a directory written by `peagle-vllm distill` (chunk-NNNN.jsonl files)."""
+    return Path(path).is_dir() and any(Path(path).glob("chunk-*.jsonl"))
+
+
+def read_conversations(path: str | Path) -> list[dict]:
+    """Every row ({"prompt_ids", "response_ids", ...}) of a distillation directory, chunk by chunk."""
+    rows = []
+    for chunk in sorted(Path(path).glob("chunk-*.jsonl")):
+        rows.extend(json.loads(line) for line in chunk.read_text().splitlines() if line.strip())
+    return rows
 
 
 def load_token_stream(tokenizer, path: str | Path) -> np.ndarray:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from peagle_vllm.train.trainer import TrainRecipe, train
+from peagle_vllm.train.trainer import STATE_DIR, TrainRecipe, train
 
 # name -> (variant, steps of each phase)
 HEADS = {"demo-peagle-depth": ("depth", [500, 1200, 3000]), "demo-peagle-standard": ("standard", [500]),
@@ -31,6 +31,4 @@ def build_demo_heads(models: Path, work: Path, seed: int = 0, only: list[str] | 
                                  seed=seed, steps=steps, **DEMO_RECIPE)
             train(recipe, resume=run.exists())
         shutil.rmtree(models / name, ignore_errors=True)
-        shutil.copytree(run / "head", models / name)
-        for extra in ("train_log.json", "loss.png"):
-            shutil.copy(run / extra, models / name / extra)
+        shutil.copytree(run, models / name, ignore=shutil.ignore_patterns(STATE_DIR))

@@ -1,6 +1,13 @@
-"""The P-EAGLE head trainer: capture the target, lay out all K depths with COD sampling, one head
-forward per batch, KL over the draft vocabulary; progress bar, JSON log, loss PNG, resumable
-checkpoints, export in the speculators format.
+"""The P-EAGLE head trainer: the target's states, all K depths laid out with COD sampling, one head
+forward per batch, KL over the draft vocabulary; progress bar, JSON log (tokens seen, wall time), loss
+PNG, resumable checkpoints, export in the speculators format.
+
+Two data routes: token windows of plain text, the target run inside each step (small targets); or the
+target's own conversations (`peagle-vllm distill`), whose states are captured once into a cache that
+every head trained on them shares, with the loss on the response tokens only (real targets).
+
+`--out DIR` becomes the head (config.json, model.safetensors, train_log.json, loss.png); the trainer's
+own state lives in DIR/trainer/ until the run ends.
 """
 
 from __future__ import annotations
@@ -15,10 +22,13 @@ import torch
 
 from peagle_vllm.checkpoint import save_head
 from peagle_vllm.head import HeadConfig, PEagleHead
-from peagle_vllm.train.data import WindowSampler, capture, load_token_stream, self_distill
+from peagle_vllm.train.capture import CapturedConversations, cache_dir_for, capture_conversations
+from peagle_vllm.train.data import (WindowSampler, capture, is_conversation_dir, load_token_stream,
+                                    read_conversations, self_distill)
 from peagle_vllm.train.layout import SlotLayout, build_layout
 from peagle_vllm.train.objective import draft_vocabulary, kl_to_target
 
+STATE_DIR = "trainer"  # inside --out: the resumable state, removed when the run ends
 STATE_FILE = "trainer_state.pt"
 LOG_FILE = "train_log.json"
 DEPTH_DECAY = 0.8
@@ -47,6 +57,8 @@ class TrainRecipe:
     seed: int = 0
     device: str = "cpu"
     checkpoint_every: int = 50
+    mask_token_id: int | None = None  # None: the tokenizer's mask token, else its unk, pad or eos token
+    share_embeddings: bool = False  # keep the target's embeddings frozen and leave them out of the export
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
@@ -58,14 +70,29 @@ def default_aux_layers(num_layers: int) -> list[int]:
     return ids
 
 
-def _head_config(recipe: TrainRecipe, target, tokenizer, aux: list[int]) -> HeadConfig:
+def resolve_mask_token_id(tokenizer, explicit: int | None) -> int:
+    """The id mask slots are fed: `explicit`, else the tokenizer's mask token, else its unk, pad or eos
+    token (a real target has no mask token, and adding one would change its vocabulary; unk comes first
+    because chat text never contains it)."""
+    if explicit is not None:
+        if not 0 <= explicit < len(tokenizer):
+            raise ValueError(f"--mask-token-id {explicit} is outside the tokenizer's {len(tokenizer)} tokens")
+        return explicit
+    for name in ("mask_token_id", "unk_token_id", "pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if value is not None:
+            return int(value)
+    raise ValueError("the tokenizer has no mask, unk, pad or eos token: pass --mask-token-id")
+
+
+def _head_config(recipe: TrainRecipe, target, mask_token_id: int | None, aux: list[int]) -> HeadConfig:
     tc = target.config
     depth = recipe.variant == "depth"
     return HeadConfig(hidden_size=tc.hidden_size, vocab_size=tc.vocab_size,
                       draft_vocab_size=min(recipe.draft_vocab, tc.vocab_size),
                       intermediate_size=tc.intermediate_size, num_attention_heads=tc.num_attention_heads,
                       num_key_value_heads=tc.num_key_value_heads, head_dim=getattr(tc, "head_dim", None),
-                      aux_layer_ids=aux, mask_token_id=tokenizer.mask_token_id, rms_norm_eps=tc.rms_norm_eps,
+                      aux_layer_ids=aux, mask_token_id=mask_token_id, rms_norm_eps=tc.rms_norm_eps,
                       max_position_embeddings=tc.max_position_embeddings,
                       rope_theta=float((getattr(tc, "rope_parameters", None) or {}).get("rope_theta", 10000.0)),
                       variant=recipe.variant, trained_depth=recipe.k, fc_norm=depth, norm_output=depth)
@@ -85,23 +112,66 @@ def head_inputs(head: PEagleHead, layout: SlotLayout, ids: torch.Tensor, aux: to
 
 
 def step_loss(head: PEagleHead, layout: SlotLayout, ids: torch.Tensor, aux: torch.Tensor, logits: torch.Tensor,
-              vocab: torch.Tensor) -> tuple[torch.Tensor, dict[int, float]]:
+              loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[int, float]]:
     """Per-depth mean KL, depth d weighted by DEPTH_DECAY**d (acceptance at depth d needs every shallower
-    draft accepted first, so early depths matter most); also top-1 agreement with the target per depth."""
+    draft accepted first, so early depths matter most); also top-1 agreement with the target per depth.
+
+    ids [B, T], aux [B, T, 3*Ht], logits [B, T, Vd]: the target's logits over the draft vocabulary;
+    loss_mask [B, T] (None: all): which positions' distributions are labels."""
     slot_ids, hidden, positions = head_inputs(head, layout, ids, aux)
     normed, _ = head(slot_ids, hidden, positions, layout.attend.unsqueeze(0))
     draft = head.draft_logits(normed)  # [B, S, Vd]
-    target = logits[:, layout.target_index]  # [B, S, V]
-    kl = kl_to_target(draft.flatten(0, 1), target.flatten(0, 1), vocab).view(draft.shape[:2])
-    agree = (vocab[draft.argmax(-1)] == target.argmax(-1)).float()
+    target = logits[:, layout.target_index]  # [B, S, Vd]
+    kl = kl_to_target(draft.flatten(0, 1), target.flatten(0, 1), None).view(draft.shape[:2])
+    agree = (draft.argmax(-1) == target.argmax(-1)).float()
+    valid = (torch.ones_like(kl, dtype=torch.bool) if loss_mask is None else loss_mask[:, layout.target_index]).float()
     losses, weights, accuracy = [], [], {}
     for d in layout.depth.unique().tolist():
         sel = layout.depth == d
-        losses.append(kl[:, sel].mean())
+        count = valid[:, sel].sum()
+        if count == 0:
+            continue
+        losses.append((kl[:, sel] * valid[:, sel]).sum() / count)
         weights.append(DEPTH_DECAY**d)
-        accuracy[d] = agree[:, sel].mean().item()
+        accuracy[d] = ((agree[:, sel] * valid[:, sel]).sum() / count).item()
     w = torch.tensor(weights, device=kl.device)
     return (torch.stack(losses) * w).sum() / w.sum(), accuracy
+
+
+class WindowBatches:
+    """Token windows of plain text (or of the target's continuations of them); the target runs inside
+    each step and every position is a label."""
+
+    def __init__(self, target, recipe: TrainRecipe, stream, rng: np.random.Generator, vocab: torch.Tensor,
+                 state_dir: Path, log) -> None:
+        window = recipe.seq_len if not recipe.self_distill else recipe.prompt_len
+        self.sampler = WindowSampler(stream, window, rng)
+        self.pool = distill_pool(target, self.sampler, recipe, state_dir / "distill_pool.pt", log) \
+            if recipe.self_distill else None
+        self.target, self.recipe, self.rng, self.vocab = target, recipe, rng, vocab
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(ids [B, T], aux [B, T, 3*Ht], logits over the draft vocabulary [B, T, Vd], loss mask or None)."""
+        dev = self.vocab.device
+        if self.pool is not None:
+            ids = self.pool[torch.from_numpy(self.rng.integers(0, len(self.pool), self.recipe.batch_size))].to(dev)
+        else:
+            ids = self.sampler.batch(self.recipe.batch_size).to(dev)
+        aux, logits = capture(self.target, ids, self.recipe.aux_layer_ids)
+        return ids, aux, logits[..., self.vocab], None
+
+
+class ConversationBatches:
+    """The target's own conversations, captured once (`train.capture`); labels on the response only."""
+
+    def __init__(self, captured: CapturedConversations, lm_head: torch.Tensor, vocab: torch.Tensor) -> None:
+        self.captured = captured
+        self.lm_head = lm_head[vocab].float()  # [Vd, Ht]: the target's output rows of the draft vocabulary
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        b = self.captured.batch(step)
+        dev = self.lm_head.device
+        return b.ids.to(dev), b.aux.to(dev), b.final.to(dev) @ self.lm_head.T, b.loss_mask.to(dev)
 
 
 def distill_pool(target, sampler: WindowSampler, recipe: TrainRecipe, cache: Path, log) -> torch.Tensor:
@@ -143,29 +213,35 @@ def _plot(history: list[dict], path: Path) -> None:
 
 
 def train(recipe: TrainRecipe, resume: bool = False, log=print) -> dict:
-    """Trains a head; returns the final log entry. Refuses to overwrite an existing export unless resuming."""
+    """Trains a head into `recipe.out`; returns the final log entry. Refuses to overwrite an existing
+    head unless resuming."""
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = Path(recipe.out)
-    state_path = out / STATE_FILE
-    if out.exists() and any(out.iterdir()) and not resume:
+    state_dir = out / STATE_DIR
+    state_path = state_dir / STATE_FILE
+    if out.exists() and any(out.iterdir()) and not (resume and state_dir.is_dir()):
         raise FileExistsError(f"{out} is not empty: pass --resume to continue its training, or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
+    state_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(recipe.seed)
     dev = torch.device(recipe.device)
     tokenizer = AutoTokenizer.from_pretrained(recipe.target)
-    if recipe.variant != "eagle3" and tokenizer.mask_token_id is None:
-        raise ValueError(f"tokenizer of {recipe.target} has no mask token: add one (e.g. '<|mask|>') before "
-                         "training a P-EAGLE head")
-    target = AutoModelForCausalLM.from_pretrained(recipe.target, torch_dtype=torch.float32).to(dev).eval()
+    mask_id = None if recipe.variant == "eagle3" else resolve_mask_token_id(tokenizer, recipe.mask_token_id)
+    target = AutoModelForCausalLM.from_pretrained(recipe.target, dtype=torch.float32).to(dev).eval()
     aux = recipe.aux_layer_ids or default_aux_layers(target.config.num_hidden_layers)
     recipe.aux_layer_ids = aux
-    stream = load_token_stream(tokenizer, recipe.data)
     rng = np.random.default_rng(recipe.seed)
-    counts = torch.bincount(torch.from_numpy(stream), minlength=target.config.vocab_size)
+    conversations = is_conversation_dir(recipe.data)
+    if conversations:
+        rows = read_conversations(recipe.data)
+        counts = torch.bincount(torch.tensor([t for r in rows for t in r["response_ids"]]),
+                                minlength=target.config.vocab_size)
+    else:
+        stream = load_token_stream(tokenizer, recipe.data)
+        counts = torch.bincount(torch.from_numpy(stream), minlength=target.config.vocab_size)
     vocab = draft_vocabulary(counts, recipe.draft_vocab, always=[tokenizer.eos_token_id]).to(dev)
-    head = PEagleHead(_head_config(recipe, target, tokenizer, aux)).to(dev)
+    head = PEagleHead(_head_config(recipe, target, mask_id, aux)).to(dev)
     with torch.no_grad():
         head.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
         head.lm_head.weight.copy_(target.get_output_embeddings().weight[vocab])
@@ -175,9 +251,10 @@ def train(recipe: TrainRecipe, resume: bool = False, log=print) -> dict:
             h = head.cfg.hidden_size
             head.fc.weight.zero_()
             head.fc.weight[:, -h:] = torch.eye(h)
-    opt = torch.optim.AdamW(head.parameters(), lr=recipe.lr, weight_decay=0.0)
+    head.embed_tokens.weight.requires_grad_(not recipe.share_embeddings)
+    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=recipe.lr, weight_decay=0.0)
     history: list[dict] = []
-    start = 0
+    start, elapsed = 0, 0.0
     gen = torch.Generator().manual_seed(recipe.seed)  # COD sampling
     if resume and state_path.exists():
         state = torch.load(state_path, weights_only=False)
@@ -187,33 +264,37 @@ def train(recipe: TrainRecipe, resume: bool = False, log=print) -> dict:
         torch.set_rng_state(state["torch_rng"])
         gen.set_state(state["cod_rng"])
         history, start = state["history"], state["step"]
+        elapsed = history[-1]["seconds"] if history else 0.0
         log(f"resuming at step {start}")
-    window = recipe.seq_len if not recipe.self_distill else recipe.prompt_len
-    sampler = WindowSampler(stream, window, rng)
-    pool = distill_pool(target, sampler, recipe, out / "distill_pool.pt", log) if recipe.self_distill else None
+    if conversations:
+        cache = capture_conversations(recipe.target, rows, cache_dir_for(Path(recipe.data), aux), aux, log=log)
+        del rows
+        source = ConversationBatches(CapturedConversations(cache, recipe.batch_size, recipe.seed, recipe.seq_len),
+                                     target.get_output_embeddings().weight.detach(), vocab)
+        del target  # its states are cached; only the output rows of the draft vocabulary are kept
+    else:
+        source = WindowBatches(target, recipe, stream, rng, vocab, state_dir, log)
+    tokens = history[-1].get("tokens", 0) if history else 0
     bar = tqdm(range(start, recipe.steps), initial=start, total=recipe.steps, desc=f"train {recipe.variant} K={recipe.k}")
-    t0 = time.time()
+    t0 = time.time() - elapsed
     for step in bar:
         lr = recipe.lr * min(1.0, (step + 1) / recipe.warmup) * 0.5 * (1 + np.cos(np.pi * step / recipe.steps))
         for g in opt.param_groups:
             g["lr"] = lr
-        if pool is not None:
-            ids = pool[torch.from_numpy(rng.integers(0, len(pool), recipe.batch_size))].to(dev)
-        else:
-            ids = sampler.batch(recipe.batch_size).to(dev)
-        aux_states, logits = capture(target, ids, aux)
+        ids, aux_states, logits, loss_mask = source.batch(step)
         layout = build_layout(ids.shape[1], 1 if recipe.variant == "eagle3" else recipe.k, recipe.cod_rate,
                               recipe.cod_min, generator=gen)
         layout = SlotLayout(layout.anchor.to(dev), layout.depth.to(dev), layout.attend.to(dev))
-        loss, accuracy = step_loss(head, layout, ids, aux_states, logits, vocab)
+        loss, accuracy = step_loss(head, layout, ids, aux_states, logits, loss_mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
         opt.step()
+        tokens += int(loss_mask.sum()) if loss_mask is not None else ids.numel()
         bar.set_postfix(loss=f"{loss.item():.3f}", acc1=f"{accuracy.get(0, 0):.2f}",
                         accK=f"{accuracy.get(recipe.k - 1, 0):.2f}")
-        entry = {"step": step + 1, "loss": loss.item(), "lr": lr, "accuracy": accuracy,
-                 "seconds": time.time() - t0}
+        entry = {"step": step + 1, "loss": loss.item(), "lr": lr, "accuracy": accuracy, "tokens": tokens,
+                 "seconds": round(time.time() - t0, 2)}
         history.append(entry)
         if (step + 1) % recipe.checkpoint_every == 0 or step + 1 == recipe.steps:
             tmp = state_path.with_suffix(".tmp")
@@ -221,8 +302,9 @@ def train(recipe: TrainRecipe, resume: bool = False, log=print) -> dict:
                         "torch_rng": torch.get_rng_state(), "cod_rng": gen.get_state(), "history": history,
                         "step": step + 1}, tmp)
             tmp.replace(state_path)
-    export = out / "head"
-    save_head(head.cpu(), export, verifier=str(Path(recipe.target).resolve()))
-    (out / LOG_FILE).write_text(json.dumps({"recipe": asdict(recipe), "history": history}, indent=1))
+    save_head(head.cpu(), out, verifier=Path(recipe.target).name, share_embeddings=recipe.share_embeddings)
+    (out / LOG_FILE).write_text(json.dumps({"recipe": {**asdict(recipe), "target": Path(recipe.target).name,
+                                                       "data": Path(recipe.data).name, "out": out.name},
+                                            "history": history}, indent=1))
     _plot(history, out / "loss.png")
     return history[-1]

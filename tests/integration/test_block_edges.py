@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from peagle_vllm.corpus import held_out_prompts
-from peagle_vllm.runs import close_llm, make_llm, spec_figures
+from peagle_vllm.harness.corpus import held_out_prompts
+from peagle_vllm.harness.runs import close_llm, make_llm, spec_figures
 
 
 @pytest.fixture(scope="module")

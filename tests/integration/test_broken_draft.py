@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from peagle_vllm.runs import generate
+from peagle_vllm.harness.runs import generate
 
 
 def _broken_copy(src: Path, dst: Path) -> Path:
@@ -25,7 +25,7 @@ def _bad_rows(worker) -> int:
 
 
 def test_nan_head_keeps_outputs_exact_greedy_and_sampled(tiny, tmp_path: Path) -> None:
-    from peagle_vllm.runs import close_llm, make_llm
+    from peagle_vllm.harness.runs import close_llm, make_llm
     from vllm import SamplingParams
 
     head = _broken_copy(tiny["head"], tmp_path / "broken")

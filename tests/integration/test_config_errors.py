@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from peagle_vllm.checkpoint import CheckpointError
 from peagle_vllm.config import PEagleConfigError
-from peagle_vllm.runs import make_llm
+from peagle_vllm.harness.runs import make_llm
 
 
 def _copy_head(src: Path, dst: Path) -> Path:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from peagle_vllm.corpus import held_out_prompts
-from peagle_vllm.runs import close_llm, generate, make_llm, spec_figures
+from peagle_vllm.harness.corpus import held_out_prompts
+from peagle_vllm.harness.runs import close_llm, generate, make_llm, spec_figures
 
 
 def p_eagle(model, k: int = 8, **extra) -> dict:

@@ -7,7 +7,7 @@ controller; outputs stay those of plain decoding."""
 from __future__ import annotations
 
 from peagle_vllm.depth import FallbackHold
-from peagle_vllm.runs import close_llm, make_llm
+from peagle_vllm.harness.runs import close_llm, make_llm
 from peagle_vllm.vllm_adapter import rollback_hook
 from peagle_vllm.vllm_adapter.runner_hook import PLAIN_STEP_ATTR
 from peagle_vllm.vllm_adapter.sampler import PEagleRejectionSampler

@@ -5,7 +5,7 @@ engine that drafted on every step, position by position, and outputs stay those 
 from __future__ import annotations
 
 from peagle_vllm.depth import DepthController
-from peagle_vllm.runs import close_llm, make_llm
+from peagle_vllm.harness.runs import close_llm, make_llm
 from peagle_vllm.vllm_adapter.rollback_hook import POISON_ENV
 
 GAP = range(8, 38)  # controller steps forced plain (every request at K=0): 30 tokens, one catch-up's worth
@@ -65,7 +65,7 @@ def _run(demo, spec: dict, prompts: list[str]) -> tuple[list[list[int]], dict[tu
 
 
 def test_drafts_after_a_gap_match_an_engine_that_never_stopped_drafting(demo, monkeypatch) -> None:
-    from peagle_vllm.corpus import held_out_prompts
+    from peagle_vllm.harness.corpus import held_out_prompts
 
     prompts = held_out_prompts(2, seed=4)
     # min_k = K: no fallback of its own, and the same steps in both runs (positions line up draft for draft)

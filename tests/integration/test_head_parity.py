@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from peagle_vllm.checkpoint import load_head
-from peagle_vllm.runs import close_llm, make_llm
+from peagle_vllm.harness.runs import close_llm, make_llm
 
 
 def _last_drafts(worker) -> list[list[int]]:

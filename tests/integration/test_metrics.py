@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from peagle_vllm.runs import close_llm, make_llm
+from peagle_vllm.harness.runs import close_llm, make_llm
 
 
 def _totals(llm) -> dict[str, float]:
@@ -28,7 +28,7 @@ def test_peagle_series_agree_with_vllm_counters(demo) -> None:
     own, they start afresh with each front end (not summed with the first engine's) and carry its labels."""
     from vllm import SamplingParams
 
-    from peagle_vllm.corpus import held_out_prompts
+    from peagle_vllm.harness.corpus import held_out_prompts
 
     spec = {"method": "p_eagle", "model": str(demo["draft"]), "num_speculative_tokens": 8}
     first = make_llm(str(demo["target"]), {**spec, "adaptive": False})
@@ -59,7 +59,7 @@ def test_per_request_spec_decode_metrics_when_asked(demo) -> None:
     """vLLM's per-request option reports p_eagle's drafted and accepted counts in each output."""
     from vllm import SamplingParams
 
-    from peagle_vllm.corpus import held_out_prompts
+    from peagle_vllm.harness.corpus import held_out_prompts
 
     llm = make_llm(str(demo["target"]), {"method": "p_eagle", "model": str(demo["draft"]), "num_speculative_tokens": 8,
                                          "adaptive": False}, per_request_spec_decode_metrics="summary")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from peagle_vllm.corpus import held_out_prompts
-from peagle_vllm.kv_budget import run as kv_run
-from peagle_vllm.runs import close_llm, make_llm, spec_figures
+from peagle_vllm.harness.corpus import held_out_prompts
+from peagle_vllm.harness.kv_budget import run as kv_run
+from peagle_vllm.harness.runs import close_llm, make_llm, spec_figures
 from peagle_vllm.vllm_adapter.rollback_hook import POISON_ENV
 
 

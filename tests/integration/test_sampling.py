@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 from scipy.stats import chi2_contingency
 
-from peagle_vllm.runs import close_llm, make_llm, spec_figures
+from peagle_vllm.harness.runs import close_llm, make_llm, spec_figures
 
 PROMPT = "def main(argv):\n    "
 N = 1200

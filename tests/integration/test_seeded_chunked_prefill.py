@@ -5,8 +5,8 @@ prompt was chunked."""
 
 from __future__ import annotations
 
-from peagle_vllm.corpus import held_out_prompts
-from peagle_vllm.runs import close_llm, make_llm
+from peagle_vllm.harness.corpus import held_out_prompts
+from peagle_vllm.harness.runs import close_llm, make_llm
 
 CHUNK = 64  # max_num_batched_tokens: the prompt below takes several steps to prefill
 

@@ -11,8 +11,8 @@ from itertools import islice
 
 import pytest
 
-from peagle_vllm.load import HeldOutText, LoadRequest, LoadResult, Mismatch, plan_requests, replay, run_load
-from peagle_vllm.server_process import (Server, ServerConfig, is_healthy, metric, peak_during, running_servers,
+from peagle_vllm.harness.load import HeldOutText, LoadRequest, LoadResult, Mismatch, plan_requests, replay, run_load
+from peagle_vllm.harness.server_process import (Server, ServerConfig, is_healthy, metric, peak_during, running_servers,
                                         wait_until_idle)
 
 N_REQUESTS = 160

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from peagle_vllm.runs import generate
-from peagle_vllm.server_process import ServerConfig, running_server, scrape_metrics
+from peagle_vllm.harness.runs import generate
+from peagle_vllm.harness.server_process import ServerConfig, running_server, scrape_metrics
 
 PROMPT = "import os\nimport sys\n\n\ndef main():\n"
 
@@ -103,8 +103,8 @@ def test_bad_speculative_config_is_one_clear_line(demo) -> None:
 def test_served_benchmark_figures_come_from_real_streams(server) -> None:
     """The served half of `peagle-vllm bench`: 6 streams (ignore_eos), 3 at a time, each of its own length within
     16 x (1 +- 0.5), TTFT below the whole latency, and the acceptance length read from the server's own counters."""
-    from peagle_vllm.bench import output_lengths
-    from peagle_vllm.bench_served import measure
+    from peagle_vllm.harness.bench import output_lengths
+    from peagle_vllm.harness.bench_served import measure
 
     fig = measure(server["base"], [PROMPT, "def f(x):\n"], 3, 16, 0.0, range_ratio=0.5)
     lengths = output_lengths(6, 16, 0.5)  # two requests per concurrent slot

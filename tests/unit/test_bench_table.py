@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from peagle_vllm.bench import (_add_ratios, adaptive_summary, median_interval, median_of_rounds, output_lengths,
+from peagle_vllm.harness.bench import (_add_ratios, adaptive_summary, median_interval, median_of_rounds, output_lengths,
                                requests_for)
 
 
@@ -83,7 +83,7 @@ def test_the_median_interval_widens_to_the_order_statistics_its_confidence_needs
 def test_acceptance_is_summed_from_each_outputs_own_histogram() -> None:
     from types import SimpleNamespace
 
-    from peagle_vllm.bench import _spec_figures
+    from peagle_vllm.harness.bench import _spec_figures
 
     def out(histogram: list[int], drafted: int):
         metrics = SimpleNamespace(histogram=histogram, num_draft_tokens=drafted)

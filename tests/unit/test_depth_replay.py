@@ -1,11 +1,11 @@
-"""The replayed engine (`peagle_vllm.depth_replay`) on hand-checkable acceptance and costs."""
+"""The replayed engine (`peagle_vllm.harness.depth_replay`) on hand-checkable acceptance and costs."""
 
 from __future__ import annotations
 
 import pytest
 
 from peagle_vllm.depth import DepthController, DepthOptions
-from peagle_vllm.depth_replay import PREFILL_MS_PER_TOKEN, Noise, Request, StepCosts, hooks_share, replay
+from peagle_vllm.harness.depth_replay import PREFILL_MS_PER_TOKEN, Noise, Request, StepCosts, hooks_share, replay
 
 QUIET = {"step": 0.0, "drift": 0.0}
 

@@ -73,7 +73,7 @@ def test_self_distillation_trains_on_the_targets_own_continuations(tiny, tmp_pat
     recipe = TrainRecipe(target=str(tiny["target"]), data=str(data), out=str(tmp_path / "run"), k=4, variant="standard",
                          steps=3, batch_size=2, seq_len=24, prompt_len=8, draft_vocab=256, distill_pool=8)
     train(recipe)
-    pool = torch.load(tmp_path / "run" / "distill_pool.pt")
+    pool = torch.load(tmp_path / "run" / "trainer" / "distill_pool.pt")
     assert pool.shape == (8, 25)
     from transformers import AutoModelForCausalLM
 
@@ -115,6 +115,6 @@ def test_killed_run_resumes_from_its_checkpoint_without_loss(tiny, tmp_path: Pat
         trainer.train(recipe("killed"))
     monkeypatch.setattr(torch.optim.AdamW, "step", real_step)
     trainer.train(recipe("killed"), resume=True)
-    a = load_file(str(tmp_path / "straight" / "head" / "model.safetensors"))
-    b = load_file(str(tmp_path / "killed" / "head" / "model.safetensors"))
+    a = load_file(str(tmp_path / "straight" / "model.safetensors"))
+    b = load_file(str(tmp_path / "killed" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from peagle_vllm.corpus import corpus_files, read_text
+from peagle_vllm.harness.corpus import corpus_files, read_text
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI

@@ -10,8 +10,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from peagle_vllm.bench import WARMUP, output_lengths, requests_for
-from peagle_vllm.server_process import ServerConfig, running_server, scrape_metrics
+from peagle_vllm.harness.bench import WARMUP, output_lengths, requests_for
+from peagle_vllm.harness.server_process import ServerConfig, running_server, scrape_metrics
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from peagle_vllm.runs import close_llm, make_llm, set_cpu_defaults
+from peagle_vllm.harness.runs import close_llm, make_llm, set_cpu_defaults
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from peagle_vllm.corpus import corpus_files, read_text
+from peagle_vllm.harness.corpus import corpus_files, read_text
 
 EOS_TOKEN = "<|endoftext|>"
 MASK_TOKEN = "<|mask|>"

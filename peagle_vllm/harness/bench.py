@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from peagle_vllm.corpus import held_out_prompts
-from peagle_vllm.runs import SpecFigures, close_llm, make_llm, set_cpu_defaults
+from peagle_vllm.harness.corpus import held_out_prompts
+from peagle_vllm.harness.runs import SpecFigures, close_llm, make_llm, set_cpu_defaults
 
 T = TypeVar("T")  # a prompt, or a replay's recorded prompt
 
@@ -127,7 +127,7 @@ def run_bench(models: Path, out_dir: Path, ks: list[int], concurrencies: list[in
     emitting `output_lengths` tokens; rows with raw figures (medians over the rounds) and ratios."""
     from tqdm import tqdm
 
-    from peagle_vllm.bench_served import run_mode
+    from peagle_vllm.harness.bench_served import run_mode
 
     set_cpu_defaults()
     prompts = held_out_prompts(16, seed=1)
