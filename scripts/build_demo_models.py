@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from peagle_vllm.demo_target import TargetRecipe, build_target
+from peagle_vllm.harness.demo_target import TargetRecipe, build_target
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from peagle_vllm.runs import generate, set_cpu_defaults
+from peagle_vllm.harness.runs import generate, set_cpu_defaults
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = [("p_eagle depth", "demo-peagle-depth", {"method": "p_eagle", "adaptive": False}),
@@ -30,7 +30,7 @@ def main() -> None:
     p.add_argument("--only", nargs="*", help="run names containing any of these words (default: all)")
     args = p.parse_args()
     set_cpu_defaults()
-    from peagle_vllm.corpus import held_out_prompts
+    from peagle_vllm.harness.corpus import held_out_prompts
 
     prompts = held_out_prompts(args.prompts, seed=0)
     rows = []

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from peagle_vllm.corpus import held_out_prompts
-from peagle_vllm.kv_budget import run
+from peagle_vllm.harness.corpus import held_out_prompts
+from peagle_vllm.harness.kv_budget import run
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""Adaptive depth against every fixed K and plain decoding, replayed (`peagle_vllm.depth_replay`): the
+"""Adaptive depth against every fixed K and plain decoding, replayed (`peagle_vllm.harness.depth_replay`): the
 demo head's greedy acceptance on held-out prompts, step costs from the offline benchmark's cells, the
 repository's controller. Seconds instead of the benchmark's half hour, and paired rounds on the same
 noise, so differences of a percent or two show.
@@ -22,9 +22,9 @@ import random
 import statistics
 from pathlib import Path
 
-from peagle_vllm.bench import requests_for
+from peagle_vllm.harness.bench import requests_for
 from peagle_vllm.depth import DepthController, DepthOptions
-from peagle_vllm.depth_replay import HEAD_PROMPT_MS_PER_TOKEN, Noise, Request, StepCosts, replay
+from peagle_vllm.harness.depth_replay import HEAD_PROMPT_MS_PER_TOKEN, Noise, Request, StepCosts, replay
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "results" / "depth-replay"
@@ -47,7 +47,7 @@ def build_runs() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from peagle_vllm.checkpoint import load_head
-    from peagle_vllm.corpus import held_out_prompts
+    from peagle_vllm.harness.corpus import held_out_prompts
     from peagle_vllm.train.data import capture
     from peagle_vllm.train.layout import build_layout
     from peagle_vllm.train.trainer import head_inputs

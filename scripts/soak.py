@@ -15,8 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from peagle_vllm.load import HeldOutText, plan_requests, replay, run_load
-from peagle_vllm.server_process import ServerConfig, metric, peak_during, running_servers, wait_until_idle
+from peagle_vllm.harness.load import HeldOutText, plan_requests, replay, run_load
+from peagle_vllm.harness.server_process import ServerConfig, metric, peak_during, running_servers, wait_until_idle
 
 REPO = Path(__file__).resolve().parent.parent
 KV = "vllm:kv_cache_usage_perc"
