@@ -38,6 +38,8 @@ def measure(llm, prompts: list[str], max_tokens: int) -> KVFigures:
     """Runs all prompts at once (greedy) and samples the block pool after each engine step."""
     from vllm import SamplingParams
 
+    from peagle_vllm.vllm_adapter.v1.scheduler_state import state_of
+
     engine, scheduler = llm.llm_engine, _scheduler(llm)
     pool = scheduler.kv_cache_manager.block_pool
     total = pool.num_gpu_blocks - 1  # block 0 is vLLM's null block, never handed out
@@ -55,9 +57,10 @@ def measure(llm, prompts: list[str], max_tokens: int) -> KVFigures:
         was_running = running
         peak_running = max(peak_running, len(running))
         used.append(total - pool.get_num_free_blocks())
+    state = state_of(scheduler)
     return KVFigures(block_size=scheduler.block_size, total_blocks=total, peak_blocks=max(used),
                      mean_blocks=round(sum(used) / len(used), 1), peak_running=peak_running, preemptions=preemptions,
-                     released_early=getattr(scheduler, "peagle_blocks_released", 0),
+                     released_early=state.blocks_released if state is not None else 0,
                      end_blocks=total - pool.get_num_free_blocks(),
                      token_ids=[outputs[str(i)] for i in range(len(prompts))])
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from peagle_vllm.config import PEagleConfigError
-from peagle_vllm.vllm_adapter.config_hook import prepare
+from peagle_vllm.vllm_adapter.v1.config_hook import prepare
 
 
 def check_against_target(spec: dict, target: str | None) -> None:

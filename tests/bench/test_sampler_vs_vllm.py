@@ -37,7 +37,7 @@ def test_rejection_sampler_time(benchmark, impl: str, batch: int, k: int, greedy
     from vllm.v1.sample.rejection_sampler import RejectionSampler
     from vllm.v1.sample.sampler import Sampler
 
-    from peagle_vllm.vllm_adapter.sampler import PEagleRejectionSampler
+    from peagle_vllm.vllm_adapter.v1.sampler import PEagleRejectionSampler
 
     from vllm.platforms import current_platform
 

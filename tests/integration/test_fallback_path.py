@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from peagle_vllm.depth import FallbackHold
 from peagle_vllm.harness.runs import close_llm, make_llm
-from peagle_vllm.vllm_adapter import rollback_hook
-from peagle_vllm.vllm_adapter.runner_hook import PLAIN_STEP_ATTR
-from peagle_vllm.vllm_adapter.sampler import PEagleRejectionSampler
+from peagle_vllm.vllm_adapter.v1 import rollback_hook
+from peagle_vllm.vllm_adapter.v1.runner_hook import PLAIN_STEP_ATTR
+from peagle_vllm.vllm_adapter.v1.sampler import PEagleRejectionSampler
 
 
 def _greedy(llm, prompts: list[str]) -> list[list[int]]:
@@ -26,7 +26,7 @@ def test_a_step_in_fallback_skips_the_speculative_machinery(tiny, monkeypatch) -
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from peagle_vllm.plugin import register
-    from peagle_vllm.vllm_adapter.proposer import PEagleProposer
+    from peagle_vllm.vllm_adapter.v1.proposer import PEagleProposer
 
     # the plugin's wrappers first, spies over them: when this test is the process's first to build an engine,
     # the spies' teardown would otherwise put back the unwrapped methods, and later engines run without them

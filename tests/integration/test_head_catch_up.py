@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from peagle_vllm.depth import DepthController
 from peagle_vllm.harness.runs import close_llm, make_llm
-from peagle_vllm.vllm_adapter.rollback_hook import POISON_ENV
+from peagle_vllm.vllm_adapter.v1.rollback_hook import POISON_ENV
+from peagle_vllm.vllm_adapter.v1.scheduler_state import state_of
 
 GAP = range(8, 38)  # controller steps forced plain (every request at K=0): 30 tokens, one catch-up's worth
 CHOOSE, RESERVATION = DepthController.choose, DepthController.reservation
@@ -41,7 +42,8 @@ def _run(demo, spec: dict, prompts: list[str]) -> tuple[list[list[int]], dict[tu
     # one request at a time, in prompt order; no prefix caching, whose blocks are never computed again
     llm = make_llm(str(demo["target"]), spec, max_num_seqs=1, enable_prefix_caching=False)
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-    controller = getattr(scheduler, "_peagle_depth", None)
+    state = state_of(scheduler)
+    controller = state.ctrl if state is not None else None
     drafts: dict[tuple[int, int], list[int]] = {}
     order: dict[tuple[int, ...], int] = {}
     update = scheduler.update_draft_token_ids
@@ -53,13 +55,13 @@ def _run(demo, spec: dict, prompts: list[str]) -> tuple[list[list[int]], dict[tu
                 continue
             prompt = order.setdefault(tuple(request.prompt_token_ids), len(order))
             if controller is None or controller.steps >= GAP.stop:  # the head drafted as deep as reserved
-                depth = scheduler._peagle_reserved.get(rid, len(ids)) if controller is not None else len(ids)
+                depth = state.reserved.get(rid, len(ids)) if controller is not None else len(ids)
                 drafts[(prompt, request.num_tokens)] = list(ids)[:depth]
         return update(draft_token_ids)
 
     scheduler.update_draft_token_ids = record
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True), use_tqdm=False)
-    gaps = getattr(scheduler, "_peagle_gaps", None)
+    gaps = state.gaps if controller is not None else None
     close_llm(llm)
     return [list(o.outputs[0].token_ids) for o in outs], drafts, gaps
 

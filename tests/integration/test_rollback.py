@@ -8,7 +8,7 @@ import pytest
 from peagle_vllm.harness.corpus import held_out_prompts
 from peagle_vllm.harness.kv_budget import run as kv_run
 from peagle_vllm.harness.runs import close_llm, make_llm, spec_figures
-from peagle_vllm.vllm_adapter.rollback_hook import POISON_ENV
+from peagle_vllm.vllm_adapter.v1.rollback_hook import POISON_ENV
 
 
 def _p_eagle(model, k: int, **extra) -> dict:

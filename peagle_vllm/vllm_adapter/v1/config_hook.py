@@ -3,33 +3,20 @@
 A `{"method": "p_eagle", ...}` dict is validated (clear errors naming the field), translated to
 vLLM's `eagle3` + `parallel_drafting` so the scheduler reserves K lookahead slots and the target
 emits its auxiliary hidden states, and the resulting draft config is marked: its architecture
-becomes ours and `hf_config.peagle` carries the head config and our options. The mark survives
-pickling into the engine-core and worker processes, where `runner_hook` reads it.
+becomes ours and the mark (`carriers.PEagleMark`: the head config and our options) rides on its
+hf_config into the engine-core and worker processes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import os
 
 from peagle_vllm.checkpoint import CheckpointError, read_head_config, read_tensors, validate_weights
 from peagle_vllm.config import METHOD, PEagleConfigError, check_head_fits_target, split_p_eagle_config
-from peagle_vllm.vllm_adapter import LOGGER_NAME
-
-MARK = "peagle"
-logger = logging.getLogger(LOGGER_NAME)
-
-
-def is_marked(speculative_config) -> bool:
-    """True when this SpeculativeConfig was made from a p_eagle request."""
-    draft = getattr(speculative_config, "draft_model_config", None)
-    return draft is not None and isinstance(getattr(draft.hf_config, MARK, None), dict)
-
-
-def mark_of(speculative_config) -> dict:
-    return getattr(speculative_config.draft_model_config.hf_config, MARK)
+from peagle_vllm.vllm_adapter.log import logger
+from peagle_vllm.vllm_adapter.v1.carriers import PEagleMark, set_mark
 
 
 def _vllm_spec_keys() -> set[str]:
@@ -38,7 +25,7 @@ def _vllm_spec_keys() -> set[str]:
     return {f.name for f in dataclasses.fields(SpeculativeConfig) if f.init}
 
 
-def prepare(user_config: dict, hidden: int, vocab: int, layers: int) -> tuple[dict, dict]:
+def prepare(user_config: dict, hidden: int, vocab: int, layers: int) -> tuple[dict, PEagleMark]:
     """Validates a p_eagle dict against the draft checkpoint and the target (its hidden size,
     vocabulary and layer count); returns the dict to hand to vLLM and the mark for the draft config."""
     options, passthrough = split_p_eagle_config(user_config, _vllm_spec_keys())
@@ -56,8 +43,7 @@ def prepare(user_config: dict, hidden: int, vocab: int, layers: int) -> tuple[di
                        k, head.trained_depth, path)
     for_vllm = {**passthrough, "model": path, "method": "eagle3", "parallel_drafting": True,
                 "num_speculative_tokens": k}
-    mark = {"options": {**options.to_dict(), "model": path, "num_speculative_tokens": k}, "head": head.to_dict()}
-    return for_vllm, mark
+    return for_vllm, PEagleMark(dataclasses.replace(options, model=path, num_speculative_tokens=k), head)
 
 
 def _refuse_depth_head_in_builtin(user_config: dict) -> None:
@@ -74,7 +60,7 @@ def _refuse_depth_head_in_builtin(user_config: dict) -> None:
                                 '"method": "p_eagle" runs it; vLLM\'s built-in parallel drafting needs a "standard" head')
 
 
-def _wrap(original):
+def wrap_create_speculative_config(original):
     @functools.wraps(original)
     def create_speculative_config(self, target_model_config, target_parallel_config):
         user = self.speculative_config
@@ -93,23 +79,13 @@ def _wrap(original):
             spec = original(self, target_model_config, target_parallel_config)
         finally:
             self.speculative_config = user
-        from peagle_vllm.vllm_adapter.draft_model import ARCHITECTURE
+        from peagle_vllm.vllm_adapter.v1.draft_model import ARCHITECTURE
 
         hf = spec.draft_model_config.hf_config
-        setattr(hf, MARK, mark)
+        set_mark(hf, mark)
         hf.architectures = [ARCHITECTURE]
-        hf.eagle_aux_hidden_state_layer_ids = list(mark["head"]["aux_layer_ids"])
+        hf.eagle_aux_hidden_state_layer_ids = list(mark.head.aux_layer_ids)
         spec.update_arch_()
         return spec
 
-    create_speculative_config.__peagle_patched__ = True
     return create_speculative_config
-
-
-def patch() -> None:
-    """Wraps EngineArgs.create_speculative_config (vllm/engine/arg_utils.py) once."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    if getattr(EngineArgs.create_speculative_config, "__peagle_patched__", False):
-        return
-    EngineArgs.create_speculative_config = _wrap(EngineArgs.create_speculative_config)

@@ -2,7 +2,7 @@
 the serving twin of `peagle_vllm.head.PEagleHead`, same config and weight names.
 
 Registered as ARCHITECTURE (vLLM's eagle3 path expects a name starting with "Eagle3"). Its
-config comes from the mark the config hook put on the draft hf_config.
+config comes from the mark the config hook put on the draft hf_config (`carriers.mark_of`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.llama import LlamaAttention, LlamaMLP
 
 from peagle_vllm.head import HeadConfig
+from peagle_vllm.vllm_adapter.v1.carriers import mark_of
 
 ARCHITECTURE = "Eagle3PEagleDraftModel"
 _STACKED = {".q_proj": (".qkv_proj", "q"), ".k_proj": (".qkv_proj", "k"), ".v_proj": (".qkv_proj", "v"),
@@ -95,7 +96,7 @@ class PEagleDraftModel(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         spec = vllm_config.speculative_config
-        self.cfg = cfg = HeadConfig(**spec.draft_model_config.hf_config.peagle["head"])
+        self.cfg = cfg = mark_of(spec).head
         self.config = spec.draft_model_config.hf_config
         target_layers = vllm_config.model_config.get_total_num_hidden_layers()
         self.model = PEagleBody(vllm_config, cfg, target_layers, prefix=f"{prefix}.model" if prefix else "model")

@@ -1,5 +1,6 @@
-"""Worker-side guard on `GPUModelRunner.sample_tokens`, `_sample` and `_bookkeeping_sync` (the CPU
-runner inherits them) for seeded requests whose generator is a torch CPU generator.
+"""Worker-side guard on `GPUModelRunner._sample` and `_bookkeeping_sync` (the CPU runner inherits them)
+for seeded requests whose generator is a torch CPU generator (`runner_hook`'s `sample_tokens` calls
+`restore_saved_generators` when the step is done).
 
 A prompt prefilled in chunks samples a token after every chunk but the last, and vLLM discards it;
 `_bookkeeping_sync` then rewinds the request's generator with `set_offset(get_offset() - 4)`, an
@@ -33,7 +34,7 @@ def _discarded_cpu_generators(runner) -> dict[int, torch.Generator]:
     return {i: generators[i] for i in rows if i in generators and generators[i].device.type == "cpu"}
 
 
-def _wrap_sample(original):
+def wrap_sample(original):
     @functools.wraps(original)
     def _sample(self, *args, **kwargs):
         setattr(self, SAVED_ATTR, {i: (g, g.get_state()) for i, g in _discarded_cpu_generators(self).items()})
@@ -42,7 +43,7 @@ def _wrap_sample(original):
     return _sample
 
 
-def _wrap_bookkeeping(original):
+def wrap_bookkeeping_sync(original):
     @functools.wraps(original)
     def _bookkeeping_sync(self, *args, **kwargs):
         """vLLM's bookkeeping without its rewind of the saved generators (out of its sight meanwhile)."""
@@ -56,33 +57,11 @@ def _wrap_bookkeeping(original):
     return _bookkeeping_sync
 
 
-def _wrap_sample_tokens(original):
-    @functools.wraps(original)
-    def sample_tokens(self, *args, **kwargs):
-        """The step's sampling and drafting, then the saved generators back where they stood."""
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            for generator, state in (getattr(self, SAVED_ATTR, None) or {}).values():
-                generator.set_state(state)
-            setattr(self, SAVED_ATTR, None)
-
-    return sample_tokens
-
-
-def patch() -> None:
-    """Wraps GPUModelRunner.sample_tokens, _sample and _bookkeeping_sync once, on vLLM's CPU platform
-    only (CUDA generators have the offset vLLM rewinds) and only where all three exist."""
-    from vllm.platforms import current_platform
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    wraps = (("sample_tokens", _wrap_sample_tokens), ("_sample", _wrap_sample),
-             ("_bookkeeping_sync", _wrap_bookkeeping))
-    if not current_platform.is_cpu() or not all(hasattr(GPUModelRunner, name) for name, _ in wraps):
+def restore_saved_generators(runner) -> None:
+    """After the step's sampling and drafting: the saved generators back where they stood."""
+    saved = getattr(runner, SAVED_ATTR, None)
+    if saved is None:  # the step sampled nothing on the CPU path, or no seeded request was discarded
         return
-    if getattr(GPUModelRunner._bookkeeping_sync, "__peagle_patched__", False):
-        return
-    for name, wrap in wraps:
-        wrapped = wrap(getattr(GPUModelRunner, name))
-        wrapped.__peagle_patched__ = True
-        setattr(GPUModelRunner, name, wrapped)
+    for generator, state in saved.values():
+        generator.set_state(state)
+    setattr(runner, SAVED_ATTR, None)

@@ -12,17 +12,14 @@ line reads its own acceptance window and figures."""
 from __future__ import annotations
 
 import functools
-import logging
 
 import prometheus_client
 
 from peagle_vllm.metrics import AcceptanceMonitor, EngineFigures
-from peagle_vllm.vllm_adapter import LOGGER_NAME
-from peagle_vllm.vllm_adapter.config_hook import is_marked, mark_of
-from peagle_vllm.vllm_adapter.scheduler_hook import CARRIER_FIELD
+from peagle_vllm.vllm_adapter.log import logger
+from peagle_vllm.vllm_adapter.v1.carriers import is_marked, mark_of, stats_carrier
 
 PREFIX = "peagle:"
-logger = logging.getLogger(LOGGER_NAME)
 STATE_ATTR = "_peagle"  # on vLLM's SpecDecodingProm / SpecDecodingLogging of a p_eagle engine: our state
 
 
@@ -135,14 +132,13 @@ class _LogState:
         return line
 
 
-def _wrap_prom_init(original):
+def wrap_prom_init(original):
     @functools.wraps(original)
     def __init__(self, speculative_config, labelnames, per_engine_labelvalues, *args, **kwargs):
         original(self, speculative_config, labelnames, per_engine_labelvalues, *args, **kwargs)
         if speculative_config is not None and is_marked(speculative_config):
-            opts = mark_of(speculative_config)["options"]
             setattr(self, STATE_ATTR, _PromState(list(labelnames), dict(per_engine_labelvalues),
-                                                 opts.get("acceptance_warn_below", 0.75)))
+                                                 mark_of(speculative_config).options.acceptance_warn_below))
 
     return __init__
 
@@ -154,7 +150,7 @@ def _engine_idx(args: tuple, kwargs: dict, position: int) -> int:
     return 0 if idx is None else idx
 
 
-def _wrap_prom_observe(original):
+def wrap_prom_observe(original):
     @functools.wraps(original)
     def observe(self, stats, *args, **kwargs):
         original(self, stats, *args, **kwargs)
@@ -165,7 +161,7 @@ def _wrap_prom_observe(original):
     return observe
 
 
-def _wrap_logging_init(original):
+def wrap_logging_init(original):
     @functools.wraps(original)
     def __init__(self, vllm_config, *args, **kwargs):
         original(self, vllm_config, *args, **kwargs)
@@ -176,7 +172,7 @@ def _wrap_logging_init(original):
     return __init__
 
 
-def _wrap_logging_observe(original):
+def wrap_logging_observe(original):
     @functools.wraps(original)
     def observe(self, stats, *args, **kwargs):
         original(self, stats, *args, **kwargs)
@@ -189,7 +185,7 @@ def _wrap_logging_observe(original):
     return observe
 
 
-def _wrap_log(original):
+def wrap_log(original):
     @functools.wraps(original)
     def log(self, log_fn=None, *args, **kwargs):
         """vLLM's periodic spec-decode line, then ours: the 20-step block acceptance and the verified K."""
@@ -221,11 +217,11 @@ def _routes(manager, engine_idx: int):
             yield state
 
 
-def _wrap_record(original):
+def wrap_record(original):
     @functools.wraps(original)
     def record(self, scheduler_stats, *args, **kwargs):
-        carrier = getattr(scheduler_stats, CARRIER_FIELD, None)
-        fig = EngineFigures.take_from(carrier) if carrier and isinstance(carrier, dict) else None  # (empty most steps)
+        carrier = stats_carrier(scheduler_stats)
+        fig = EngineFigures.take_from(carrier) if carrier else None  # (empty most steps)
         if fig is not None:
             idx = _engine_idx(args, kwargs, 2)  # after iteration_stats and mm_cache_stats
             for state in _routes(self, idx):
@@ -238,7 +234,7 @@ def _wrap_record(original):
     return record
 
 
-def _with_peagle_series(original):
+def wrap_get_metrics_snapshot(original):
     @functools.wraps(original)
     def get_metrics_snapshot():
         from vllm.v1.metrics import reader
@@ -262,22 +258,3 @@ def _with_peagle_series(original):
         return collected
 
     return get_metrics_snapshot
-
-
-def patch() -> None:
-    """Wraps SpecDecodingProm.__init__/observe, LoggingStatLogger.__init__, SpecDecodingLogging.observe/log,
-    StatLoggerManager.record and LLMEngine's get_metrics_snapshot once."""
-    from vllm.v1.engine import llm_engine
-    from vllm.v1.metrics.loggers import LoggingStatLogger, StatLoggerManager
-    from vllm.v1.spec_decode.metrics import SpecDecodingLogging, SpecDecodingProm
-
-    if getattr(SpecDecodingProm.observe, "__peagle_patched__", False):
-        return
-    SpecDecodingProm.__init__ = _wrap_prom_init(SpecDecodingProm.__init__)
-    SpecDecodingProm.observe = _wrap_prom_observe(SpecDecodingProm.observe)
-    SpecDecodingProm.observe.__peagle_patched__ = True
-    LoggingStatLogger.__init__ = _wrap_logging_init(LoggingStatLogger.__init__)
-    SpecDecodingLogging.observe = _wrap_logging_observe(SpecDecodingLogging.observe)
-    SpecDecodingLogging.log = _wrap_log(SpecDecodingLogging.log)
-    StatLoggerManager.record = _wrap_record(StatLoggerManager.record)
-    llm_engine.get_metrics_snapshot = _with_peagle_series(llm_engine.get_metrics_snapshot)

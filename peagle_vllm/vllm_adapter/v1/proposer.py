@@ -9,7 +9,6 @@ probabilities so that verification at temperature > 0 stays lossless.
 from __future__ import annotations
 
 import contextlib
-import logging
 
 import torch
 from vllm.forward_context import set_forward_context
@@ -19,10 +18,9 @@ from vllm.v1.spec_decode.utils import PADDING_SLOT_ID
 from peagle_vllm.proposer import sample_drafts
 from peagle_vllm.rollback import beyond_capacity
 from peagle_vllm.timing import SectionTimer
-from peagle_vllm.vllm_adapter import LOGGER_NAME
-from peagle_vllm.vllm_adapter.draft_model import PEagleDraftModel
+from peagle_vllm.vllm_adapter.log import logger
+from peagle_vllm.vllm_adapter.v1.draft_model import PEagleDraftModel
 
-logger = logging.getLogger(LOGGER_NAME)
 
 
 class PEagleProposer(EagleProposer):

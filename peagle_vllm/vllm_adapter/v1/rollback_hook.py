@@ -6,7 +6,8 @@ are overwritten before they are read (DESIGN.md). What this module adds:
 - Scheduler (engine core): each request reserves draft-head lookahead for its own K
   (`KVCacheManager.allocate_slots` is wrapped on the scheduler's instance), and after each step a
   request's tail blocks that its next step will not touch go back to the pool at once
-  (`release_surplus`); the new block counts ride to the worker on the next `SchedulerOutput`.
+  (`release_surplus`); the new block counts ride to the worker on the next `SchedulerOutput`
+  (`carriers.block_counts`).
 - Worker: `apply_block_counts` truncates the runner's copy of those block lists before the step's
   new blocks are appended, and `poison_stale_kv` (only with PEAGLE_VLLM_POISON_STALE_KV set, a
   verification aid used by the tests) writes a huge value into every stale slot before each step,
@@ -24,8 +25,8 @@ import os
 import torch
 
 from peagle_vllm.rollback import blocks_for, next_step_tokens, stale_slots
+from peagle_vllm.vllm_adapter.v1 import carriers
 
-COUNTS_ATTR = "peagle_block_counts"  # SchedulerOutput attribute: {req_id: blocks kept per KV group}
 POISON_ENV = "PEAGLE_VLLM_POISON_STALE_KV"
 POISON_VALUE = 1e4
 
@@ -91,8 +92,7 @@ def release_surplus(managers: list, request, lookahead: int) -> tuple[tuple[int,
 def apply_block_counts(runner, scheduler_output) -> None:
     """Worker side of release_surplus: cut the runner's block lists (and persistent block-table
     rows) to what the scheduler kept, before this step appends its new blocks."""
-    counts: dict[str, tuple[int, ...]] = getattr(scheduler_output, COUNTS_ATTR, None) or {}
-    for req_id, kept in counts.items():
+    for req_id, kept in carriers.block_counts(scheduler_output).items():
         state = runner.requests.get(req_id)
         if state is None:
             continue

@@ -1,10 +1,11 @@
-"""Worker-side hook on `vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__` (the CPU runner
-reaches it through super()): for a p_eagle config, the drafter becomes PEagleProposer and the
-rejection sampler PEagleRejectionSampler. The drafter loads its weights later, in load_model.
-Also wraps `GPUModelRunner._update_states`: block lists the scheduler cut after a rejection are cut
-here too before the step's new blocks are appended, the step's draft depth (adaptive depth) is
-kept for the proposer, and, as a test aid, stale KV is poisoned. And `sample_tokens`: the step's
-output carries the draft time to the scheduler (which sends it on to the front end's metrics).
+"""Worker-side hooks on `vllm.v1.worker.gpu_model_runner.GPUModelRunner` (the CPU runner reaches them
+through super()). `__init__`: for a p_eagle config, the drafter becomes PEagleProposer and the
+rejection sampler PEagleRejectionSampler (the drafter loads its weights later, in load_model).
+`_update_states`: block lists the scheduler cut after a rejection are cut here too before the step's
+new blocks are appended, the step's draft depth (adaptive depth) is kept for the proposer, and, as a
+test aid, stale KV is poisoned. `sample_tokens`: the step's output carries the draft time to the
+scheduler (which sends it on to the front end's metrics); CPU generators saved by `generator_hook`
+are put back after it.
 A plain step (adaptive depth: nothing to verify and no draft to follow, every request in fallback)
 runs `execute_model` and `sample_tokens` with the runner's speculative config set aside, i.e. on
 vLLM's own no-speculation path: no spec-decode metadata, vLLM's plain sampler, no drafter, and a target
@@ -19,36 +20,34 @@ import functools
 
 from vllm.v1.outputs import ModelRunnerOutput
 
-from peagle_vllm.vllm_adapter import rollback_hook
-from peagle_vllm.vllm_adapter.config_hook import is_marked, mark_of
-from peagle_vllm.vllm_adapter.scheduler_hook import DRAFT_DEPTH_ATTR, DRAFT_TIME_ATTR
+from peagle_vllm.vllm_adapter.v1 import carriers, generator_hook, rollback_hook
+from peagle_vllm.vllm_adapter.v1.carriers import is_marked, mark_of
 
 
-def _wrap(original):
+def wrap_init(original):
     @functools.wraps(original)
     def __init__(self, vllm_config, device, *args, **kwargs):
         original(self, vllm_config, device, *args, **kwargs)
         spec = vllm_config.speculative_config
         if spec is None or not is_marked(spec) or not hasattr(self, "drafter"):
             return
-        from peagle_vllm.vllm_adapter.proposer import PEagleProposer
-        from peagle_vllm.vllm_adapter.sampler import PEagleRejectionSampler
+        from peagle_vllm.vllm_adapter.v1.proposer import PEagleProposer
+        from peagle_vllm.vllm_adapter.v1.sampler import PEagleRejectionSampler
 
         self.drafter = PEagleProposer(vllm_config, device, self)
         registry = getattr(self, "jit_warmup_registry", None)
         with registry.activate() if registry is not None else contextlib.nullcontext():
             self.rejection_sampler = PEagleRejectionSampler(self.sampler, spec, device,
-                                                            verify_mode=mark_of(spec)["options"]["verify"])
+                                                            verify_mode=mark_of(spec).options.verify)
 
-    __init__.__peagle_patched__ = True
     return __init__
 
 
-def _wrap_update_states(original):
+def wrap_update_states(original):
     @functools.wraps(original)
     def _update_states(self, scheduler_output):
         rollback_hook.apply_block_counts(self, scheduler_output)
-        self.peagle_draft_depth = getattr(scheduler_output, DRAFT_DEPTH_ATTR, None)
+        self.peagle_draft_depth = carriers.draft_depth(scheduler_output)
         out = original(self, scheduler_output)
         mode = rollback_hook.poison_mode()
         if mode is not None:
@@ -58,7 +57,7 @@ def _wrap_update_states(original):
     return _update_states
 
 
-def _wrap_input_fits(original):
+def wrap_input_fits_in_drafter(original):
     @functools.wraps(original)
     def _input_fits_in_drafter(self, *args, **kwargs):
         """Depth 0 (every request in fallback): vLLM's own no-draft path, which skips the drafter's
@@ -115,11 +114,10 @@ def _call_plain(runner, call, args: tuple, kwargs: dict, holder=None):
 def _is_plain_step(scheduler_output) -> bool:
     """A step with no drafts to verify whose depth is 0 (no draft follows it); only a p_eagle
     scheduler with adaptive depth sends a depth."""
-    return (getattr(scheduler_output, DRAFT_DEPTH_ATTR, None) == 0
-            and not scheduler_output.scheduled_spec_decode_tokens)
+    return carriers.draft_depth(scheduler_output) == 0 and not scheduler_output.scheduled_spec_decode_tokens
 
 
-def _wrap_execute_model(original):
+def wrap_execute_model(original):
     @functools.wraps(original)
     def execute_model(self, scheduler_output, *args, **kwargs):
         """A plain step costs what it costs in an engine without speculation."""
@@ -132,35 +130,23 @@ def _wrap_execute_model(original):
     return execute_model
 
 
-def _wrap_sample_tokens(original):
+def wrap_sample_tokens(original):
     @functools.wraps(original)
     def sample_tokens(self, *args, **kwargs):
-        """Attaches (draft runs, seconds) finished since the last step to this step's output (an
-        attribute: it survives the pickling to the scheduler; async outputs wrap theirs and go without).
-        A plain step samples as vLLM does without speculation (and runs no draft)."""
-        if getattr(self, PLAIN_STEP_ATTR, False):
-            return _call_plain(self, original, args, kwargs)
-        out = original(self, *args, **kwargs)
-        timer = getattr(getattr(self, "drafter", None), "draft_timer", None)
-        if timer is not None and isinstance(out, ModelRunnerOutput):
-            runs, seconds = timer.take()
-            if runs:  # a draft ran in this call, so `out` is this step's own output, not a shared constant
-                setattr(out, DRAFT_TIME_ATTR, (runs, seconds))
-        return out
+        """Attaches (draft runs, seconds) finished since the last step to this step's output (async outputs
+        wrap theirs and go without). A plain step samples as vLLM does without speculation (and runs no
+        draft). Either way, the CPU generators `generator_hook` saved are put back afterwards."""
+        try:
+            if getattr(self, PLAIN_STEP_ATTR, False):
+                return _call_plain(self, original, args, kwargs)
+            out = original(self, *args, **kwargs)
+            timer = getattr(getattr(self, "drafter", None), "draft_timer", None)
+            if timer is not None and isinstance(out, ModelRunnerOutput):
+                runs, seconds = timer.take()
+                if runs:  # a draft ran in this call, so `out` is this step's own output, not a shared constant
+                    carriers.set_draft_time(out, runs, seconds)
+            return out
+        finally:
+            generator_hook.restore_saved_generators(self)
 
     return sample_tokens
-
-
-def patch() -> None:
-    """Wraps GPUModelRunner.__init__, _update_states, execute_model, sample_tokens
-    and _input_fits_in_drafter once."""
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    if getattr(GPUModelRunner.__init__, "__peagle_patched__", False):
-        return
-    GPUModelRunner.__init__ = _wrap(GPUModelRunner.__init__)
-    GPUModelRunner._update_states = _wrap_update_states(GPUModelRunner._update_states)
-    GPUModelRunner.execute_model = _wrap_execute_model(GPUModelRunner.execute_model)
-    GPUModelRunner.sample_tokens = _wrap_sample_tokens(GPUModelRunner.sample_tokens)
-    if hasattr(GPUModelRunner, "_input_fits_in_drafter"):  # else the proposer returns empty drafts itself
-        GPUModelRunner._input_fits_in_drafter = _wrap_input_fits(GPUModelRunner._input_fits_in_drafter)

@@ -1,0 +1,84 @@
+"""All that p_eagle keeps on one vLLM Scheduler, as one object (`state_of(scheduler)`): the engine figures
+bound for the front end and, under adaptive depth, the controller with its per-request bookkeeping
+(reservations, seeds, the head's gaps, the held fallback steps, released blocks)."""
+
+from __future__ import annotations
+
+import time
+
+from peagle_vllm.depth import DepthController, DepthOptions, FallbackHold
+from peagle_vllm.metrics import EngineFigures
+from peagle_vllm.vllm_adapter.v1 import rollback_hook
+from peagle_vllm.vllm_adapter.v1.carriers import PEagleMark
+from peagle_vllm.vllm_adapter.v1.head_catch_up import HeadGaps
+
+STATE_ATTR = "_peagle"  # the one attribute p_eagle sets on a Scheduler
+SAMPLING_EPS = 1e-5  # vLLM's greedy threshold on temperature
+
+
+class SchedulerState:
+    """Per scheduler. `ctrl` is None when K is fixed (adaptive off, or async scheduling)."""
+
+    def __init__(self, scheduler, mark: PEagleMark, adaptive: bool) -> None:
+        self.figures = EngineFigures()
+        self.carried = 0.0  # when the figures last rode to the front end (see scheduler_hook's make_stats)
+        self.ctrl = DepthController(DepthOptions(max_k=mark.options.num_speculative_tokens,
+                                                 min_k=mark.options.min_k)) if adaptive else None
+        self.last_step: float | None = None  # end of the previous engine step (None after idling)
+        self.plain_next = False  # DepthController.plain_next as of this step's scheduling
+        self.last_log = time.perf_counter()
+        self.reserved: dict[str, int] = {}  # drafts whose lookahead is reserved, per request
+        self.seeded_ids: dict[str, bool] = {}  # see is_seeded
+        self.block_counts: dict[str, tuple[int, ...]] = {}  # released since the last schedule, for the worker
+        self.gaps = HeadGaps()  # tokens the draft head has not seen (steps in fallback)
+        self.hold = FallbackHold()  # steady fallback's steps that skip the controller
+        self.blocks_released = 0  # blocks handed back before their request ended
+        self.trimmable = rollback_hook.trimmable_managers(scheduler) if adaptive else []  # fixed for the engine's life
+
+    def is_seeded(self, scheduler, req_id: str) -> bool:
+        """Sampled requests with a seed keep the full K: timing-driven depth would make their samples
+        unrepeatable (greedy outputs do not depend on K). Remembered until the request finishes."""
+        seeded = self.seeded_ids.get(req_id)
+        if seeded is None:
+            request = scheduler.requests.get(req_id)
+            params = getattr(request, "sampling_params", None)
+            seeded = params is not None and params.seed is not None and params.temperature > SAMPLING_EPS
+            if request is not None:
+                self.seeded_ids[req_id] = seeded
+        return seeded
+
+    def lookahead(self, scheduler, request) -> int:
+        """Draft-head slots to reserve for this request: K_max when seeded, else what the controller may
+        give it next (recorded: its drafts are then capped at that). The batch it joins is what the engine
+        holds, up to its limit (requests arriving together come as one batch)."""
+        rid = request.request_id
+        if self.plain_next and self.reserved.get(rid) == 0:
+            return 0  # a request at K=0 stays there (see DepthController.plain_next)
+        batch = min(len(scheduler.running) + len(scheduler.waiting), scheduler.max_num_running_reqs)
+        k = self.ctrl.opt.max_k if self.is_seeded(scheduler, rid) else self.ctrl.reservation(rid, batch)
+        self.reserved[rid] = k
+        return k
+
+    def release_surplus(self, scheduler, req_ids: list[str]) -> None:
+        """Hands back the blocks each request's next step will not touch (after its K was chosen)."""
+        for rid in req_ids:
+            request = scheduler.requests.get(rid)
+            if request is None or request.is_finished():
+                continue
+            lookahead = self.ctrl.opt.max_k if self.is_seeded(scheduler, rid) else self.ctrl.reservation(rid)
+            released = rollback_hook.release_surplus(self.trimmable, request, lookahead)
+            if released is not None:
+                self.block_counts[rid] = released[0]
+                self.blocks_released += released[1]
+
+    def forget(self, req_id: str) -> None:
+        """A finished request leaves every per-request table."""
+        self.ctrl.forget(req_id)
+        self.gaps.forget(req_id)
+        self.reserved.pop(req_id, None)
+        self.seeded_ids.pop(req_id, None)
+
+
+def state_of(scheduler) -> SchedulerState | None:
+    """The scheduler's p_eagle state; None for a scheduler of another method (or none)."""
+    return getattr(scheduler, STATE_ATTR, None)

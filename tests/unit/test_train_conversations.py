@@ -1,0 +1,103 @@
+"""The trainer's conversation route on the tiny target: states captured once into a cache shared by every
+head, batches of whole conversations with labels on the response only, resume, and the export vLLM loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from peagle_vllm.checkpoint import load_head, read_tensors
+from peagle_vllm.train.capture import CapturedConversations, cache_dir_for, capture_conversations, capture_states
+
+
+def _conversations(root: Path, tiny_target: Path, count: int = 24) -> Path:
+    """A distillation directory as `peagle-vllm distill` writes it (token ids only), two chunks."""
+    from transformers import AutoTokenizer
+
+    from tiny_models import TEXT
+
+    tok = AutoTokenizer.from_pretrained(tiny_target)
+    ids = tok(TEXT)["input_ids"]
+    rng = np.random.default_rng(0)
+    data = root / "distill"
+    data.mkdir()
+    rows = []
+    for i in range(count):
+        start, p, r = int(rng.integers(0, len(ids) - 80)), int(rng.integers(4, 12)), int(rng.integers(8, 40))
+        rows.append({"prompt": f"p{i}", "temperature": 0.0, "prompt_ids": ids[start:start + p],
+                     "response_ids": ids[start + p:start + p + r], "finished": True})
+    for c in range(2):
+        part = rows[c * count // 2:(c + 1) * count // 2]
+        (data / f"chunk-{c:04d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    return data
+
+
+def test_captured_states_equal_a_direct_target_forward_and_labels_cover_responses(tiny, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from peagle_vllm.train.data import read_conversations
+
+    data = _conversations(tmp_path, tiny["target"])
+    rows = read_conversations(data)
+    cache = capture_conversations(str(tiny["target"]), rows, cache_dir_for(data, [1, 2, 3]), [1, 2, 3])
+    again = capture_conversations(str(tiny["target"]), rows, cache, [1, 2, 3])  # cached: nothing recomputed
+    assert again == cache
+    source = CapturedConversations(cache, batch_size=4, seed=0)
+    assert source.batches_per_epoch == len(rows) // 4
+    assert source.response_tokens == sum(len(r["response_ids"]) for r in rows)
+    batch = source.batch(0)
+    target = AutoModelForCausalLM.from_pretrained(tiny["target"]).eval()
+    by_prompt = {tuple(r["prompt_ids"] + r["response_ids"]): r for r in rows}
+    for row in range(batch.ids.shape[0]):
+        length = int((batch.ids[row] != 0).nonzero().max()) + 1
+        seq = batch.ids[row, :length]
+        conv = by_prompt[tuple(seq.tolist())]
+        aux, final = capture_states(target, seq[None], [1, 2, 3])
+        assert torch.allclose(batch.aux[row, :length], aux[0], atol=2e-2, rtol=1e-2)  # stored as float16
+        assert torch.allclose(batch.final[row, :length], final[0], atol=2e-2, rtol=1e-2)
+        labels = batch.loss_mask[row].nonzero().flatten()
+        # the distribution at t predicts token t+1: labels from the last prompt position to the one before the end
+        assert labels.tolist() == list(range(len(conv["prompt_ids"]) - 1, length - 1))
+
+
+def test_epochs_are_permutations_and_the_same_for_every_run_with_the_seed(tiny, tmp_path: Path) -> None:
+    from peagle_vllm.train.data import read_conversations
+
+    data = _conversations(tmp_path, tiny["target"])
+    cache = capture_conversations(str(tiny["target"]), read_conversations(data), cache_dir_for(data, [1, 2, 3]),
+                                  [1, 2, 3])
+    a, b = CapturedConversations(cache, 4, seed=3), CapturedConversations(cache, 4, seed=3)
+    seen = [i for batch in a._epoch_batches(0) for i in batch]
+    assert sorted(seen) == list(range(len(a.index)))  # every conversation once per epoch
+    assert all(torch.equal(a.batch(s).ids, b.batch(s).ids) for s in range(8))
+    assert not torch.equal(a.batch(0).ids, CapturedConversations(cache, 4, seed=4).batch(0).ids)
+
+
+def test_heads_trained_on_conversations_share_the_cache_and_load_with_the_targets_embeddings(tiny, tmp_path: Path,
+                                                                                             capsys) -> None:
+    from peagle_vllm.train.trainer import STATE_DIR, TrainRecipe, train
+
+    data = _conversations(tmp_path, tiny["target"])
+    torch.set_num_threads(1)
+    logs = {}
+    for variant in ("depth", "standard"):
+        out = tmp_path / variant
+        recipe = TrainRecipe(target=str(tiny["target"]), data=str(data), out=str(out), k=4, variant=variant, steps=6,
+                             batch_size=4, seq_len=64, draft_vocab=256, share_embeddings=True, checkpoint_every=3)
+        train(recipe)
+        logs[variant] = json.loads((out / "train_log.json").read_text())["history"]
+        assert (out / STATE_DIR).is_dir() and (out / "loss.png").is_file()
+        assert "embed_tokens.weight" not in read_tensors(out)  # the target's embeddings are shared, not shipped
+        assert "/" not in json.loads((out / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
+    assert capsys.readouterr().out.count("captured ") == 1  # the second head read the first one's cache
+    # equal budgets: the same batches, hence the same labelled tokens step by step
+    assert [h["tokens"] for h in logs["depth"]] == [h["tokens"] for h in logs["standard"]]
+    assert logs["depth"][-1]["tokens"] > 0 and logs["depth"][-1]["seconds"] > 0
+    from transformers import AutoModelForCausalLM
+
+    embeddings = AutoModelForCausalLM.from_pretrained(tiny["target"]).get_input_embeddings().weight
+    head = load_head(tmp_path / "depth", target_embeddings=embeddings)
+    assert torch.equal(head.embed_tokens.weight, embeddings)
