@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DEMO_TARGET = REPO / "models" / "demo-target"
-DEMO_DRAFT = REPO / "models" / "demo-peagle-depth"
+DEMO_TARGET = REPO / "models" / "SmolLM2-135M-Instruct"
+# target directory name -> the shipped head the demo drafts with
+DEMO_DRAFTS = {"SmolLM2-135M-Instruct": REPO / "models" / "smollm2-peagle-depth",
+               "demo-target": REPO / "models" / "demo-peagle-depth"}
 
 
 def _fail(message: str) -> None:
@@ -28,61 +30,72 @@ def _range_ratio(text: str) -> float:
     return ratio
 
 
+def _default_draft(target: Path) -> Path:
+    """The shipped head trained for a shipped target."""
+    return DEMO_DRAFTS.get(target.name, DEMO_DRAFTS[DEMO_TARGET.name])
+
+
+def _check_models(target: Path, draft: Path) -> None:
+    """One line naming the missing model and how to make it."""
+    if target == DEMO_TARGET.resolve():
+        from peagle_vllm.harness.real_target import RealTargetError, check_converted
+
+        try:
+            check_converted(target)
+        except RealTargetError as exc:
+            _fail(str(exc))
+    for p in (target, draft):
+        if not (p / "config.json").is_file():
+            _fail(f"{p} is not a model directory (no config.json): pass --target/--draft, or run "
+                  "`bash scripts/setup.sh` for the shipped models")
+
+
+def _prompts(target: Path, count: int | None, prompts_file: str | None, seed: int) -> list[str]:
+    from peagle_vllm.harness.prompts import PromptsFileError, eval_prompts
+
+    try:
+        return eval_prompts(target, count, prompts_file, seed=seed)
+    except PromptsFileError as exc:
+        _fail(str(exc))
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
-    """No speculation vs p_eagle on the demo models: tokens/s, speedup, acceptance, lossless check."""
-    from peagle_vllm.harness.runs import generate, set_cpu_defaults
+    """No speculation vs p_eagle: tokens/s, speedup, latency, acceptance, lossless check, per concurrency."""
+    from peagle_vllm.harness.runs import quiet_vllm, set_cpu_defaults
 
     set_cpu_defaults()
-    from peagle_vllm.harness.corpus import held_out_prompts
+    if not args.verbose:
+        quiet_vllm()
+    from peagle_vllm.harness.demo import render, run_demo
 
-    target, draft = Path(args.target).resolve(), Path(args.draft).resolve()
-    for p in (target, draft):
-        if not p.is_dir():
-            _fail(f"{p} does not exist: build the demo models with `python scripts/build_demo_models.py`")
-    prompts = held_out_prompts(args.prompts, seed=args.seed)
-    spec = {"method": "p_eagle", "model": str(draft), "num_speculative_tokens": args.k, "adaptive": not args.fixed_k}
-    base = generate(str(target), None, prompts, args.max_tokens)
-    ours = generate(str(target), spec, prompts, args.max_tokens)
-    report = {
-        "target": str(target),
-        "draft": str(draft),
-        "k": args.k,
-        "prompts": len(prompts),
-        "max_tokens": args.max_tokens,
-        "greedy_identical": base.token_ids == ours.token_ids,
-        "acceptance_length": round(ours.spec.acceptance_length, 3),
-        "per_position_acceptance": ours.spec.per_position_rate,
-        "tokens_per_s": {"no_spec": round(base.tokens_per_s, 1), "p_eagle": round(ours.tokens_per_s, 1)},
-        "speedup": round(ours.tokens_per_s / base.tokens_per_s, 3),
-        "engine_start_s": {"no_spec": round(base.start_seconds, 1), "p_eagle": round(ours.start_seconds, 1)},
-    }
-    if args.json:
-        print(json.dumps(report))
-        return
-    print(f"target {target}\ndraft  {draft}  (K={args.k})")
-    print(f"{len(prompts)} held-out prompts, {args.max_tokens} greedy tokens each")
-    print(f"no speculation : {report['tokens_per_s']['no_spec']:8.1f} tokens/s")
-    print(f"p_eagle        : {report['tokens_per_s']['p_eagle']:8.1f} tokens/s   speedup {report['speedup']:.2f}x")
-    print(f"mean acceptance length {report['acceptance_length']:.2f} tokens/step")
-    print("per-position acceptance " + " ".join(f"{r:.2f}" for r in report["per_position_acceptance"]))
-    print(f"greedy outputs identical: {report['greedy_identical']}")
+    target = Path(args.target).resolve()
+    draft = Path(args.draft).resolve() if args.draft else _default_draft(target)
+    _check_models(target, draft)
+    prompts = _prompts(target, args.prompts, args.prompts_file, args.seed)
+    report = run_demo(target, draft, args.k, not args.fixed_k, prompts, args.max_tokens, args.concurrency,
+                      log=(lambda *_: None) if args.json else print)
+    print(json.dumps(report) if args.json else render(report))
 
 
 def cmd_eval_acceptance(args: argparse.Namespace) -> None:
     """Acceptance of a head on held-out prompts, through vLLM."""
-    from peagle_vllm.harness.runs import generate, set_cpu_defaults
+    from peagle_vllm.harness.runs import generate, quiet_vllm, set_cpu_defaults
 
     set_cpu_defaults()
-    from peagle_vllm.harness.corpus import held_out_prompts
-
+    if not args.verbose:
+        quiet_vllm()
+    target = Path(args.target).resolve()
+    _check_models(target, Path(args.draft).resolve())
+    prompts = _prompts(target, args.prompts, args.prompts_file, args.seed)
     spec = {"method": args.method, "model": str(Path(args.draft).resolve()), "num_speculative_tokens": args.k}
     if args.method == "p_eagle" and args.fixed_k:
         spec["adaptive"] = False
     if args.method == "builtin":
         spec.update(method="eagle3", parallel_drafting=True)
-    result = generate(args.target, spec, held_out_prompts(args.prompts, seed=args.seed), args.max_tokens,
-                      temperature=args.temperature, seed=0)
+    result = generate(str(target), spec, prompts, args.max_tokens, temperature=args.temperature,
+                      top_p=args.top_p, seed=0)
     report = {"method": args.method, "k": args.k, "draft": spec["model"], "temperature": args.temperature,
+              "top_p": args.top_p, "prompts": len(prompts),
               "acceptance_length": round(result.spec.acceptance_length, 3),
               "per_position_acceptance": result.spec.per_position_rate}
     print(json.dumps(report) if args.json else
@@ -156,13 +169,13 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from peagle_vllm.harness.bench import adaptive_summary, markdown_table, run_bench
 
     quick = args.quick
-    ks = args.k or ([8, 32] if quick else [1, 2, 4, 8, 16, 32])
-    concurrencies = args.concurrency or ([1, 16] if quick else [1, 4, 16, 64])
+    ks = args.k or ([4, 8] if quick else [1, 2, 4, 8, 16])
+    concurrencies = args.concurrency or ([1, 4] if quick else [1, 4, 16])
     temperatures = args.temperature or ([0.0] if quick else [0.0, 1.0])
-    rows = run_bench(Path(args.models), Path(args.out), ks, concurrencies, temperatures,
+    rows = run_bench(Path(args.target).resolve(), Path(args.out), ks, concurrencies, temperatures,
                      args.max_tokens or (64 if quick else 128), args.modes, args.adaptive_k,
                      tuple(args.interface or (["offline"] if quick else ["offline", "served"])), args.rounds,
-                     args.range_ratio)
+                     args.range_ratio, args.top_p)
     print(markdown_table(rows))
     print(adaptive_summary(rows))
     print(f"written: {args.out}/bench.md, bench.json, speedup_vs_k.png, per_position_acceptance.png")
@@ -172,26 +185,33 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="peagle-vllm", description="P-EAGLE parallel speculative decoding for vLLM")
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", help="serve the demo target with and without p_eagle; print speed and acceptance")
+    d = sub.add_parser("demo", help="the target with and without p_eagle: speed, latency, acceptance, identical outputs")
     d.add_argument("--k", type=int, default=8, help="tokens drafted per step (1-32)")
     d.add_argument("--fixed-k", action="store_true", help="draft K tokens every step (adaptive depth off)")
-    d.add_argument("--json", action="store_true", help="print one JSON object")
-    d.add_argument("--target", default=str(DEMO_TARGET))
-    d.add_argument("--draft", default=str(DEMO_DRAFT))
-    d.add_argument("--prompts", type=int, default=16)
+    d.add_argument("--json", action="store_true", help="print one JSON object (top level: the first concurrency)")
+    d.add_argument("--target", default=str(DEMO_TARGET), help="target model directory (models/demo-target: the "
+                   "tiny test target)")
+    d.add_argument("--draft", help="draft head directory (default: the shipped head trained for --target)")
+    d.add_argument("--prompts", type=int, default=8, help="held-out prompts (concurrent cells send at least 2 per slot)")
+    d.add_argument("--prompts-file", help="a JSON list of user messages, sent through the target's chat template")
+    d.add_argument("--concurrency", type=int, nargs="+", default=[1, 8], help="requests at once, one cell each")
     d.add_argument("--max-tokens", type=int, default=128)
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--verbose", action="store_true", help="show vLLM's INFO logs")
     d.set_defaults(func=cmd_demo)
 
     e = sub.add_parser("eval-acceptance", help="acceptance length of a head on held-out prompts, in vLLM")
     e.add_argument("--target", default=str(DEMO_TARGET))
-    e.add_argument("--draft", required=True)
+    e.add_argument("--draft", required=True, help="draft head directory")
     e.add_argument("--k", type=int, default=8)
     e.add_argument("--method", choices=["p_eagle", "builtin", "eagle3"], default="p_eagle",
                    help="builtin = vLLM's eagle3 + parallel_drafting")
     e.add_argument("--temperature", type=float, default=0.0)
     e.add_argument("--fixed-k", action="store_true", help="p_eagle without adaptive depth")
-    e.add_argument("--prompts", type=int, default=16)
+    e.add_argument("--prompts", type=int, help="how many held-out prompts (default: all of them)")
+    e.add_argument("--prompts-file", help="a JSON list of user messages, sent through the target's chat template")
+    e.add_argument("--top-p", type=float, default=1.0)
+    e.add_argument("--verbose", action="store_true", help="show vLLM's INFO logs")
     e.add_argument("--max-tokens", type=int, default=128)
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--json", action="store_true")
@@ -234,8 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_distill)
 
     b = sub.add_parser("bench", help="no-spec vs vLLM eagle3 vs vLLM parallel drafting vs p_eagle, side by side")
-    b.add_argument("--quick", action="store_true", help="K 8,32; concurrency 1,16; greedy (a few minutes)")
-    b.add_argument("--models", default=str(REPO / "models"))
+    b.add_argument("--quick", action="store_true", help="K 4,8; concurrency 1,4; greedy; offline (a few minutes)")
+    b.add_argument("--target", default=str(DEMO_TARGET), help="a shipped target (its shipped heads are used)")
+    b.add_argument("--top-p", type=float, default=0.9, help="top-p of the sampled (T > 0) cells")
     b.add_argument("--out", default="bench-results")
     b.add_argument("--k", type=int, nargs="*")
     b.add_argument("--concurrency", type=int, nargs="*")

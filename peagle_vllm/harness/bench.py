@@ -31,31 +31,41 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from peagle_vllm.harness.corpus import held_out_prompts
-from peagle_vllm.harness.runs import SpecFigures, close_llm, make_llm, set_cpu_defaults
+from peagle_vllm.harness.prompts import eval_prompts
+from peagle_vllm.harness.runs import close_llm, make_llm, request_spec_figures, set_cpu_defaults
 
 T = TypeVar("T")  # a prompt, or a replay's recorded prompt
+
+
+# the shipped heads of each shipped target (models/<name>), by variant
+HEADS = {"SmolLM2-135M-Instruct": {"eagle3": "smollm2-eagle3", "standard": "smollm2-peagle-standard",
+                                   "depth": "smollm2-peagle-depth"},
+         "demo-target": {"eagle3": "demo-eagle3", "standard": "demo-peagle-standard", "depth": "demo-peagle-depth"}}
 
 
 @dataclass(frozen=True)
 class Mode:
     name: str
-    head: str | None  # models/<head>
-    extra: tuple = ()  # speculative-config entries besides model and K; None head = no speculation
+    head: str | None  # the head's variant (see HEADS); None = no speculation
+    extra: tuple = ()  # speculative-config entries besides model and K
 
-    def spec(self, models: Path, k: int) -> dict | None:
+    def spec(self, target: Path, k: int) -> dict | None:
         if self.head is None:
             return None
-        return {**dict(self.extra), "model": str(models / self.head), "num_speculative_tokens": k}
+        heads = HEADS.get(target.name)
+        if heads is None:
+            raise ValueError(f"no shipped heads for target {target.name}: use one of {', '.join(HEADS)}")
+        model = target.parent / heads[self.head]
+        return {**dict(self.extra), "model": str(model), "num_speculative_tokens": k}
 
 
 MODES = [
     Mode("no-spec", None),
-    Mode("vllm-eagle3", "demo-eagle3", (("method", "eagle3"),)),
-    Mode("vllm-parallel", "demo-peagle-standard", (("method", "eagle3"), ("parallel_drafting", True))),
-    Mode("p_eagle-standard", "demo-peagle-standard", (("method", "p_eagle"), ("adaptive", False))),
-    Mode("p_eagle-depth", "demo-peagle-depth", (("method", "p_eagle"), ("adaptive", False))),
-    Mode("p_eagle-depth-adaptive", "demo-peagle-depth", (("method", "p_eagle"),)),
+    Mode("vllm-eagle3", "eagle3", (("method", "eagle3"),)),
+    Mode("vllm-parallel", "standard", (("method", "eagle3"), ("parallel_drafting", True))),
+    Mode("p_eagle-standard", "standard", (("method", "p_eagle"), ("adaptive", False))),
+    Mode("p_eagle-depth", "depth", (("method", "p_eagle"), ("adaptive", False))),
+    Mode("p_eagle-depth-adaptive", "depth", (("method", "p_eagle"),)),
 ]
 
 
@@ -80,7 +90,7 @@ def output_lengths(count: int, max_tokens: int, range_ratio: float) -> list[int]
 
 
 def _measure(llm, prompts: list[str], concurrency: int, max_tokens: int, temperature: float,
-             range_ratio: float = 0.0) -> dict:
+             range_ratio: float = 0.0, top_p: float = 1.0) -> dict:
     """The cell's requests, all at once, to an engine that runs at most `concurrency` of them together
     (built with that `max_num_seqs`; see `_engine`), each emitting its `output_lengths` tokens."""
     from vllm import SamplingParams
@@ -88,50 +98,32 @@ def _measure(llm, prompts: list[str], concurrency: int, max_tokens: int, tempera
     requests = requests_for(prompts, concurrency)
     # no seed: under adaptive depth a seeded sampled request keeps K_max (its seed then repeats its tokens),
     # which would measure a fixed K instead
-    params = [SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True)
+    params = [SamplingParams(temperature=temperature, top_p=top_p if temperature > 0 else 1.0, max_tokens=n,
+                             ignore_eos=True)
               for n in output_lengths(len(requests), max_tokens, range_ratio)]
     t0 = time.perf_counter()
     outs = llm.generate(requests, params, use_tqdm=False)
     seconds = time.perf_counter() - t0
-    spec = _spec_figures(outs)
+    spec = request_spec_figures(outs)
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     return {"tokens_per_s": tokens / seconds, "seconds": seconds, "acceptance_length": spec.acceptance_length,
             "per_position": spec.per_position_rate}
 
 
-def _spec_figures(outs) -> SpecFigures:
-    """Drafts verified, drafts and accepted per position, summed over the outputs' own spec-decode
-    histograms (vLLM's per-request option; the process-wide counters would mix engines that run side
-    by side)."""
-    total = SpecFigures()
-    for out in outs:
-        m = out.outputs[0].spec_decode_metrics
-        if m is None or not sum(m.histogram):
-            continue
-        hist = m.histogram
-        total.drafts += sum(hist)
-        total.draft_tokens += m.num_draft_tokens
-        total.accepted += sum(j * n for j, n in enumerate(hist))
-        for i in range(1, len(hist)):  # steps that accepted the draft at position i
-            if i > len(total.per_position):
-                total.per_position.append(0)
-            total.per_position[i - 1] += sum(hist[i:])
-    return total
-
-
-def run_bench(models: Path, out_dir: Path, ks: list[int], concurrencies: list[int], temperatures: list[float],
+def run_bench(target: Path, out_dir: Path, ks: list[int], concurrencies: list[int], temperatures: list[float],
               max_tokens: int, modes: list[str] | None = None, adaptive_ks: list[int] | None = None,
-              interfaces: tuple[str, ...] = ("offline",), rounds: int = 1, range_ratio: float = 0.0) -> list[dict]:
+              interfaces: tuple[str, ...] = ("offline",), rounds: int = 1, range_ratio: float = 0.0,
+              top_p: float = 1.0) -> list[dict]:
     """Every chosen mode at every K (adaptive modes at `adaptive_ks`, their K_max, when given),
-    concurrency and temperature, offline (`LLM`) and/or served (HTTP streaming), `rounds` times, requests
-    emitting `output_lengths` tokens; rows with raw figures (medians over the rounds) and ratios."""
+    concurrency and temperature (sampled cells with `top_p`), offline (`LLM`) and/or served (HTTP
+    streaming), `rounds` times, requests emitting `output_lengths` tokens, on the target's held-out
+    prompts with its shipped heads (`HEADS`); rows with raw figures (medians over the rounds) and ratios."""
     from tqdm import tqdm
 
     from peagle_vllm.harness.bench_served import run_mode
 
     set_cpu_defaults()
-    prompts = held_out_prompts(16, seed=1)
-    target = models / "demo-target"
+    prompts = eval_prompts(target, 16, seed=1)
     chosen = [m for m in MODES if not modes or m.name in modes]
 
     def mode_ks(m: Mode) -> list[int]:
@@ -151,27 +143,29 @@ def run_bench(models: Path, out_dir: Path, ks: list[int], concurrencies: list[in
 
     for interface in interfaces:
         if interface == "offline" and rounds > 1:
-            _offline_interleaved(target, models, jobs, prompts, concurrencies, temperatures, max_tokens, range_ratio,
-                                 rounds, functools.partial(add, interface))
+            _offline_interleaved(target, jobs, prompts, concurrencies, temperatures, max_tokens, range_ratio,
+                                 top_p, rounds, functools.partial(add, interface))
             continue
         for rnd in range(rounds):
             for mode, k in (jobs if rnd % 2 == 0 else jobs[::-1]):
                 on_row = functools.partial(add, interface, rnd, mode, k)
                 if interface == "served":
-                    run_mode(target, mode.spec(models, k), prompts, concurrencies, temperatures, max_tokens,
-                             range_ratio, on_row)
+                    run_mode(target, mode.spec(target, k), prompts, concurrencies, temperatures, max_tokens,
+                             range_ratio, on_row, top_p)
                     continue
                 for conc in concurrencies:
-                    llm = _warm_engine(target, mode.spec(models, k), conc, prompts)
+                    llm = _warm_engine(target, mode.spec(target, k), conc, prompts)
                     for temperature in temperatures:
-                        on_row(conc, temperature, _measure(llm, prompts, conc, max_tokens, temperature, range_ratio))
+                        on_row(conc, temperature,
+                               _measure(llm, prompts, conc, max_tokens, temperature, range_ratio, top_p))
                     close_llm(llm)
     bar.close()
     rows = median_of_rounds(rows)
     _add_ratios(rows)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {_cpus()} CPUs",
-            "max_tokens": max_tokens, "range_ratio": range_ratio, "prompts": len(prompts), "rounds": rounds}
+            "target": target.name, "max_tokens": max_tokens, "range_ratio": range_ratio, "top_p": top_p,
+            "prompts": len(prompts), "rounds": rounds}
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (out_dir / "bench.md").write_text(markdown_table(rows) + "\n" + adaptive_summary(rows))
     _plot(rows, out_dir)
@@ -186,7 +180,7 @@ def _cpus() -> int:
 
 def _engine(target: Path, spec: dict | None, max_num_seqs: int):
     """An offline engine that runs at most `max_num_seqs` requests together, without prefix caching
-    (see the module's doc), whose outputs carry their spec-decode histograms (see `_spec_figures`)."""
+    (see the module's doc), whose outputs carry their spec-decode histograms (see `runs.request_spec_figures`)."""
     extra = {} if spec is None else {"per_request_spec_decode_metrics": "summary"}
     return make_llm(str(target), spec, max_num_seqs=max_num_seqs, enable_prefix_caching=False, **extra)
 
@@ -198,9 +192,9 @@ def _warm_engine(target: Path, spec: dict | None, concurrency: int, prompts: lis
     return llm
 
 
-def _offline_interleaved(target: Path, models: Path, jobs: list[tuple[Mode, int]], prompts: list[str],
+def _offline_interleaved(target: Path, jobs: list[tuple[Mode, int]], prompts: list[str],
                          concurrencies: list[int], temperatures: list[float], max_tokens: int, range_ratio: float,
-                         rounds: int, add) -> None:
+                         top_p: float, rounds: int, add) -> None:
     """Per concurrency, every job's engine at once (about 1 GiB each), each cell then measured round
     after round with every engine in turn (the order rotated each round), so that a slow spell of the
     machine falls on all modes of a cell alike rather than on whichever mode ran then."""
@@ -208,13 +202,13 @@ def _offline_interleaved(target: Path, models: Path, jobs: list[tuple[Mode, int]
         engines = []
         try:
             for mode, k in jobs:
-                engines.append(_warm_engine(target, mode.spec(models, k), conc, prompts))
+                engines.append(_warm_engine(target, mode.spec(target, k), conc, prompts))
             for temperature in temperatures:
                 for rnd in range(rounds):
                     turn = rnd % len(jobs)
                     for (mode, k), llm in list(zip(jobs, engines))[turn:] + list(zip(jobs, engines))[:turn]:
                         add(rnd, mode, k, conc, temperature,
-                            _measure(llm, prompts, conc, max_tokens, temperature, range_ratio))
+                            _measure(llm, prompts, conc, max_tokens, temperature, range_ratio, top_p))
         finally:
             for llm in engines:
                 close_llm(llm)

@@ -17,13 +17,14 @@ DRAFTS = "vllm:spec_decode_num_drafts_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 
 
-async def _stream(client, prompt: str, max_tokens: int, temperature: float) -> tuple[float, float, int]:
+async def _stream(client, prompt: str, max_tokens: int, temperature: float, top_p: float) -> tuple[float, float, int]:
     """One streamed completion: (seconds to the first token, seconds in all, completion tokens)."""
     start = time.perf_counter()
     first = None
     tokens = 0
     stream = await client.completions.create(model="demo", prompt=prompt, max_tokens=max_tokens,
-                                             temperature=temperature, stream=True,
+                                             temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
+                                             stream=True,
                                              stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
     async for chunk in stream:
         if first is None and chunk.choices and chunk.choices[0].text:
@@ -35,7 +36,7 @@ async def _stream(client, prompt: str, max_tokens: int, temperature: float) -> t
 
 
 async def _clients(base_url: str, prompts: list[str], concurrency: int, max_tokens: int, temperature: float,
-                   range_ratio: float) -> tuple[list[tuple[float, float, int]], float]:
+                   range_ratio: float, top_p: float) -> tuple[list[tuple[float, float, int]], float]:
     """The cell's requests (`requests_for`, each emitting its `output_lengths` tokens) with at most `concurrency`
     in flight, each client sending its next one as soon as the last ends; their (TTFT, latency, tokens) and the
     wall time of all."""
@@ -45,7 +46,7 @@ async def _clients(base_url: str, prompts: list[str], concurrency: int, max_toke
 
     async def one(client, prompt: str, length: int) -> tuple[float, float, int]:
         async with slots:
-            return await _stream(client, prompt, length, temperature)
+            return await _stream(client, prompt, length, temperature, top_p)
 
     requests = requests_for(prompts, concurrency)
     lengths = output_lengths(len(requests), max_tokens, range_ratio)
@@ -56,10 +57,10 @@ async def _clients(base_url: str, prompts: list[str], concurrency: int, max_toke
 
 
 def measure(base_url: str, prompts: list[str], concurrency: int, max_tokens: int, temperature: float,
-            range_ratio: float = 0.0) -> dict:
+            range_ratio: float = 0.0, top_p: float = 1.0) -> dict:
     """The cell's streamed requests: throughput, mean TTFT/TPOT and the acceptance length they saw."""
     before = scrape_metrics(base_url)
-    results, wall = asyncio.run(_clients(base_url, prompts, concurrency, max_tokens, temperature, range_ratio))
+    results, wall = asyncio.run(_clients(base_url, prompts, concurrency, max_tokens, temperature, range_ratio, top_p))
     after = scrape_metrics(base_url)
     drafts = after.get(DRAFTS, 0.0) - before.get(DRAFTS, 0.0)
     accepted = after.get(ACCEPTED, 0.0) - before.get(ACCEPTED, 0.0)
@@ -72,7 +73,7 @@ def measure(base_url: str, prompts: list[str], concurrency: int, max_tokens: int
 
 
 def run_mode(target: Path, spec: dict | None, prompts: list[str], concurrencies: list[int], temperatures: list[float],
-             max_tokens: int, range_ratio: float, on_row) -> None:
+             max_tokens: int, range_ratio: float, on_row, top_p: float = 1.0) -> None:
     """Starts one server for `spec` (None: no speculation), warms it up, measures every concurrency and
     temperature, and hands each figure dict to `on_row(concurrency, temperature, figures)`."""
     with tempfile.TemporaryDirectory() as logs:
@@ -83,4 +84,4 @@ def run_mode(target: Path, spec: dict | None, prompts: list[str], concurrencies:
             for temperature in temperatures:
                 for conc in concurrencies:
                     on_row(conc, temperature,
-                           measure(server.base_url, prompts, conc, max_tokens, temperature, range_ratio))
+                           measure(server.base_url, prompts, conc, max_tokens, temperature, range_ratio, top_p))

@@ -15,10 +15,25 @@ CPU_DEFAULTS = {
 }
 
 
+_quiet = False  # see quiet_vllm
+
+
 def set_cpu_defaults() -> None:
     """Environment for small models on this CPU; values already set by the user win."""
     for key, value in CPU_DEFAULTS.items():
         os.environ.setdefault(key, value)
+
+
+def quiet_vllm() -> None:
+    """vLLM's INFO logs, weight-loading bars and import warnings out of a command's screen (before vLLM is
+    imported; VLLM_LOGGING_LEVEL set by the user wins)."""
+    global _quiet
+    import warnings
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    _quiet = True
 
 
 @dataclass
@@ -57,6 +72,26 @@ def spec_figures(llm) -> SpecFigures:
                        [int(v) for v in getattr(per_pos, "values", [])] if per_pos is not None else [])
 
 
+def request_spec_figures(outs) -> SpecFigures:
+    """Drafts verified, drafts and accepted per position, summed over the outputs' own spec-decode
+    histograms (vLLM's per-request option; the process-wide counters would mix engines that run side
+    by side)."""
+    total = SpecFigures()
+    for out in outs:
+        m = out.outputs[0].spec_decode_metrics
+        if m is None or not sum(m.histogram):
+            continue
+        hist = m.histogram
+        total.drafts += sum(hist)
+        total.draft_tokens += m.num_draft_tokens
+        total.accepted += sum(j * n for j, n in enumerate(hist))
+        for i in range(1, len(hist)):  # steps that accepted the draft at position i
+            if i > len(total.per_position):
+                total.per_position.append(0)
+            total.per_position[i - 1] += sum(hist[i:])
+    return total
+
+
 @dataclass
 class RunResult:
     token_ids: list[list[int]]
@@ -72,19 +107,20 @@ class RunResult:
 def make_llm(target: str, speculative_config: dict | None, max_model_len: int = 1024, **kwargs):
     from vllm import LLM
 
+    kwargs.setdefault("use_tqdm_on_load", not _quiet)
     return LLM(model=target, dtype="float32", enforce_eager=True, max_model_len=max_model_len, seed=0,
                speculative_config=speculative_config, disable_log_stats=False, **kwargs)
 
 
 def generate(target: str, speculative_config: dict | None, prompts: list[str], max_tokens: int,
-             temperature: float = 0.0, seed: int | None = None, **engine_kwargs) -> RunResult:
+             temperature: float = 0.0, seed: int | None = None, top_p: float = 1.0, **engine_kwargs) -> RunResult:
     """Builds an engine, warms it up, and times one batched generation of `prompts`."""
     from vllm import SamplingParams
 
     t0 = time.perf_counter()
     llm = make_llm(target, speculative_config, **engine_kwargs)
     start = time.perf_counter() - t0
-    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
+    params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
     llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)  # warm-up
     before = spec_figures(llm)
     t0 = time.perf_counter()

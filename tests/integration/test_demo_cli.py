@@ -1,4 +1,4 @@
-"""`peagle-vllm demo --json` end to end on the shipped demo models."""
+"""`peagle-vllm demo` end to end on the tiny demo models: --json, the screen, and bad input."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 def test_demo_json_reports_speed_acceptance_and_losslessness(demo) -> None:
     run = subprocess.run([sys.executable, "-m", "peagle_vllm.cli", "demo", "--json", "--prompts", "6",
-                          "--max-tokens", "48", "--k", "8", "--fixed-k"], capture_output=True, text=True, timeout=600)
+                          "--max-tokens", "48", "--k", "8", "--fixed-k", "--target", str(demo["target"]),
+                          "--concurrency", "1", "4"], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert report["greedy_identical"] is True
@@ -18,3 +19,33 @@ def test_demo_json_reports_speed_acceptance_and_losslessness(demo) -> None:
     assert len(report["per_position_acceptance"]) == 8
     assert set(report["tokens_per_s"]) == {"no_spec", "p_eagle"} and report["speedup"] > 0
     assert Path(report["target"]).is_absolute() and Path(report["draft"]) == demo["draft"].resolve()
+    assert report["drafting"] is True and report["mean_latency_s"]["p_eagle"] > 0
+    assert set(report["by_concurrency"]) == {"1", "4"}
+    four = report["by_concurrency"]["4"]
+    assert four["requests"] == 8 and four["greedy_identical"] is True  # two requests per slot at c=4
+
+
+def test_demo_screen_says_in_words_when_no_draft_was_verified() -> None:
+    """Adaptive depth in fallback for a whole cell: the screen says so instead of an acceptance of 1.00."""
+    from peagle_vllm.harness.demo import render
+
+    report = {"target": "t", "draft": "d", "k": 8, "adaptive": True, "prompts": 2, "max_tokens": 8,
+              "by_concurrency": {"1": {"requests": 2, "tokens_per_s": {"no_spec": 10.0, "p_eagle": 9.9},
+                                       "mean_latency_s": {"no_spec": 1.0, "p_eagle": 1.01}, "speedup": 0.99,
+                                       "acceptance_length": 1.0, "per_position_acceptance": [0.0] * 8,
+                                       "steps_verified": 0, "drafting": False, "greedy_identical": True}}}
+    screen = render(report)
+    assert "no drafts were verified" in screen and "acceptance length" not in screen
+    report["by_concurrency"]["1"].update(drafting=True, steps_verified=5, acceptance_length=2.5)
+    assert "acceptance length 2.50" in render(report)
+
+
+def test_a_bad_prompts_file_is_one_line_naming_it(demo, tmp_path: Path) -> None:
+    bad = tmp_path / "prompts.json"
+    bad.write_text('{"not": "a list"}')
+    run = subprocess.run([sys.executable, "-m", "peagle_vllm.cli", "demo", "--target", str(demo["target"]),
+                          "--prompts-file", str(bad)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [f"peagle-vllm: error: --prompts-file {bad} must hold a non-empty JSON "
+                                               'list of non-empty strings (user messages), e.g. ["Write a haiku.", '
+                                               '"What is 2+2?"]']

@@ -83,13 +83,13 @@ def test_the_median_interval_widens_to_the_order_statistics_its_confidence_needs
 def test_acceptance_is_summed_from_each_outputs_own_histogram() -> None:
     from types import SimpleNamespace
 
-    from peagle_vllm.harness.bench import _spec_figures
+    from peagle_vllm.harness.runs import request_spec_figures
 
     def out(histogram: list[int], drafted: int):
         metrics = SimpleNamespace(histogram=histogram, num_draft_tokens=drafted)
         return SimpleNamespace(outputs=[SimpleNamespace(spec_decode_metrics=metrics)])
 
     # request 1: steps accepting 0, 2, 2 drafts of 3; request 2: one step accepting 1 of 2; request 3: no speculation
-    figures = _spec_figures([out([1, 0, 2, 0], 9), out([0, 1, 0], 2), out([0], 0)])
+    figures = request_spec_figures([out([1, 0, 2, 0], 9), out([0, 1, 0], 2), out([0], 0)])
     assert (figures.drafts, figures.draft_tokens, figures.accepted) == (4, 11, 5)
     assert figures.acceptance_length == 1 + 5 / 4 and figures.per_position == [3, 2, 0]

@@ -1,0 +1,115 @@
+"""`peagle-vllm demo`: the target with and without p_eagle on held-out prompts, one request at a time (the
+latency case) and several at once; tokens/s, speedup, mean latency per request, acceptance and whether the
+greedy outputs are identical. Each concurrency's two engines are built side by side and measured back to
+back, so a slow spell of the machine weighs on both."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from peagle_vllm.harness.runs import close_llm, make_llm, request_spec_figures
+
+WARMUP_TOKENS = 16
+
+
+@dataclass
+class Side:
+    """One engine's run of a cell."""
+
+    token_ids: list[list[int]]
+    seconds: float
+    latencies: list[float]  # per request: its first schedule to its last token, seconds
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(map(len, self.token_ids)) / self.seconds
+
+
+@dataclass
+class Cell:
+    concurrency: int
+    requests: int
+    plain: Side
+    spec: Side
+    acceptance_length: float
+    per_position: list[float]
+    steps_verified: int  # engine steps (per request) that verified drafts; 0: adaptive depth never drafted
+
+    def to_dict(self) -> dict:
+        return {"requests": self.requests,
+                "tokens_per_s": {"no_spec": round(self.plain.tokens_per_s, 1), "p_eagle": round(self.spec.tokens_per_s, 1)},
+                "speedup": round(self.spec.tokens_per_s / self.plain.tokens_per_s, 3),
+                "mean_latency_s": {"no_spec": round(statistics.mean(self.plain.latencies), 3),
+                                   "p_eagle": round(statistics.mean(self.spec.latencies), 3)},
+                "acceptance_length": round(self.acceptance_length, 3), "per_position_acceptance": self.per_position,
+                "steps_verified": self.steps_verified, "drafting": self.steps_verified > 0,
+                "greedy_identical": self.plain.token_ids == self.spec.token_ids}
+
+
+def _run(llm, prompts: list[str], max_tokens: int) -> tuple[Side, list]:
+    from vllm import SamplingParams
+
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    latencies = [o.metrics.last_token_ts - o.metrics.scheduled_ts if o.metrics is not None else seconds for o in outs]
+    return Side([list(o.outputs[0].token_ids) for o in outs], seconds, latencies), outs
+
+
+def run_cell(target: str, spec: dict, prompts: list[str], concurrency: int, max_tokens: int) -> Cell:
+    """All `prompts` to an engine that runs `concurrency` of them at once, without and with p_eagle."""
+    engines = [make_llm(target, None, max_num_seqs=concurrency, enable_prefix_caching=False),
+               make_llm(target, spec, max_num_seqs=concurrency, enable_prefix_caching=False,
+                        per_request_spec_decode_metrics="summary")]
+    try:
+        for llm in engines:
+            _run(llm, prompts[:2], WARMUP_TOKENS)
+        plain, _ = _run(engines[0], prompts, max_tokens)
+        ours, outs = _run(engines[1], prompts, max_tokens)
+    finally:
+        for llm in engines:
+            close_llm(llm)
+    figures = request_spec_figures(outs)
+    return Cell(concurrency, len(prompts), plain, ours, figures.acceptance_length, figures.per_position_rate,
+                figures.drafts)
+
+
+def run_demo(target: Path, draft: Path, k: int, adaptive: bool, prompts: list[str], max_tokens: int,
+             concurrencies: list[int], log=print) -> dict:
+    """The report: top-level figures are those of the first concurrency (1 by default), `by_concurrency` has all."""
+    spec = {"method": "p_eagle", "model": str(draft), "num_speculative_tokens": k, "adaptive": adaptive}
+    cells = {}
+    for c in concurrencies:
+        requests = (prompts * (2 * c // len(prompts) + 1))[:max(len(prompts), 2 * c)] if c > 1 else prompts
+        log(f"concurrency {c}: {len(requests)} requests, no speculation and p_eagle ...")
+        cells[c] = run_cell(str(target), spec, requests, c, max_tokens).to_dict()
+    first = cells[concurrencies[0]]
+    return {"target": str(target), "draft": str(draft), "k": k, "adaptive": adaptive, "max_tokens": max_tokens,
+            "prompts": len(prompts), **{key: first[key] for key in (
+                "speedup", "acceptance_length", "greedy_identical", "per_position_acceptance", "tokens_per_s",
+                "mean_latency_s", "drafting")},
+            "by_concurrency": {str(c): cell for c, cell in cells.items()}}
+
+
+def render(report: dict) -> str:
+    """The demo's screen."""
+    mode = "adaptive depth" if report["adaptive"] else "fixed K"
+    lines = [f"target {report['target']}", f"draft  {report['draft']}  (K={report['k']}, {mode})",
+             f"{report['prompts']} held-out prompts, up to {report['max_tokens']} greedy tokens each", ""]
+    for c, cell in report["by_concurrency"].items():
+        tps, lat = cell["tokens_per_s"], cell["mean_latency_s"]
+        lines.append(f"{'one request at a time' if c == '1' else f'{c} requests at once'} ({cell['requests']} requests)")
+        lines.append(f"  no speculation : {tps['no_spec']:8.1f} tokens/s   mean latency {lat['no_spec']:6.2f} s")
+        lines.append(f"  p_eagle        : {tps['p_eagle']:8.1f} tokens/s   mean latency {lat['p_eagle']:6.2f} s   "
+                     f"speedup {cell['speedup']:.2f}x")
+        if cell["drafting"]:
+            lines.append(f"  acceptance length {cell['acceptance_length']:.2f} tokens per step; per-position "
+                         "acceptance " + " ".join(f"{r:.2f}" for r in cell["per_position_acceptance"]))
+        else:
+            lines.append("  no drafts were verified: adaptive depth measured speculation slower here and ran every "
+                         "step as plain decoding")
+        lines.append(f"  greedy outputs identical: {'yes' if cell['greedy_identical'] else 'NO'}")
+    return "\n".join(lines)
