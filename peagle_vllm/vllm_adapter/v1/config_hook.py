@@ -16,6 +16,7 @@ import os
 from peagle_vllm.checkpoint import CheckpointError, read_head_config, read_tensors, validate_weights
 from peagle_vllm.config import METHOD, PEagleConfigError, check_head_fits_target, split_p_eagle_config
 from peagle_vllm.vllm_adapter.log import logger
+from peagle_vllm.vllm_adapter.model_path import resolve_draft_path
 from peagle_vllm.vllm_adapter.v1.carriers import PEagleMark, set_mark
 
 
@@ -32,7 +33,7 @@ def prepare(user_config: dict, hidden: int, vocab: int, layers: int) -> tuple[di
     if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1":
         raise PEagleConfigError("p_eagle runs on vLLM's V1 model runner, which its hooks patch: unset "
                                 "VLLM_USE_V2_MODEL_RUNNER")
-    path = os.path.abspath(os.path.expanduser(options.model))
+    path = resolve_draft_path(options.model)
     head = read_head_config(path)
     validate_weights(head, read_tensors(path, ("mask_hidden", "d2t")), path)
     k = options.num_speculative_tokens or head.trained_depth
