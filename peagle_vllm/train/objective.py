@@ -20,3 +20,17 @@ def kl_to_target(draft_logits: torch.Tensor, target_logits: torch.Tensor, vocab:
     log_p = target.log_softmax(-1)
     log_q = draft_logits.float().log_softmax(-1)
     return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
+def kl_at_positions(draft_logits: torch.Tensor, target_logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Per-slot KL(p || q) [B, S] where slot s learns the target's distribution at position index[s]:
+    draft_logits [B, S, Vd], target_logits [B, T, Vd] (already over the draft vocabulary), index [S].
+    Equal to `kl_to_target` on the gathered rows; the target's softmax and entropy are computed once per
+    position (many slots share one), and the cross-entropy is torch's fused one."""
+    log_p = target_logits.float().log_softmax(-1)  # [B, T, Vd]
+    p = log_p.exp()
+    entropy = -(p * log_p).sum(-1)  # [B, T]
+    b, s, vd = draft_logits.shape
+    cross = torch.nn.functional.cross_entropy(draft_logits.float().reshape(b * s, vd),
+                                              p[:, index].reshape(b * s, vd), reduction="none").view(b, s)
+    return cross - entropy[:, index]

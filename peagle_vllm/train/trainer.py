@@ -26,7 +26,7 @@ from peagle_vllm.train.capture import CapturedConversations, cache_dir_for, capt
 from peagle_vllm.train.data import (WindowSampler, capture, is_conversation_dir, load_token_stream,
                                     read_conversations, self_distill)
 from peagle_vllm.train.layout import SlotLayout, build_layout
-from peagle_vllm.train.objective import draft_vocabulary, kl_to_target
+from peagle_vllm.train.objective import draft_vocabulary, kl_at_positions
 
 STATE_DIR = "trainer"  # inside --out: the resumable state, removed when the run ends
 STATE_FILE = "trainer_state.pt"
@@ -103,7 +103,7 @@ def head_inputs(head: PEagleHead, layout: SlotLayout, ids: torch.Tensor, aux: to
     b = ids.shape[0]
     real = layout.depth == 0
     slot_ids = torch.where(real, ids[:, layout.anchor + 1], head.cfg.mask_token_id)
-    hidden = head.combine_hidden_states(aux[:, layout.anchor])
+    hidden = head.combine_hidden_states(aux)[:, layout.anchor]  # fc once per position, then one row per slot
     if head.cfg.num_mask_slots and bool((~real).any()):
         mask_rows = head.mask_states(head.cfg.trained_depth - 1) if head.cfg.variant == "depth" else head.mask_states(1)
         pick = (layout.depth - 1).clamp(min=0) if head.cfg.variant == "depth" else torch.zeros_like(layout.depth)
@@ -121,9 +121,8 @@ def step_loss(head: PEagleHead, layout: SlotLayout, ids: torch.Tensor, aux: torc
     slot_ids, hidden, positions = head_inputs(head, layout, ids, aux)
     normed, _ = head(slot_ids, hidden, positions, layout.attend.unsqueeze(0))
     draft = head.draft_logits(normed)  # [B, S, Vd]
-    target = logits[:, layout.target_index]  # [B, S, Vd]
-    kl = kl_to_target(draft.flatten(0, 1), target.flatten(0, 1), None).view(draft.shape[:2])
-    agree = (draft.argmax(-1) == target.argmax(-1)).float()
+    kl = kl_at_positions(draft, logits, layout.target_index)  # [B, S]
+    agree = (draft.argmax(-1) == logits.argmax(-1)[:, layout.target_index]).float()
     valid = (torch.ones_like(kl, dtype=torch.bool) if loss_mask is None else loss_mask[:, layout.target_index]).float()
     losses, weights, accuracy = [], [], {}
     for d in layout.depth.unique().tolist():

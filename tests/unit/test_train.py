@@ -118,3 +118,13 @@ def test_killed_run_resumes_from_its_checkpoint_without_loss(tiny, tmp_path: Pat
     a = load_file(str(tmp_path / "straight" / "model.safetensors"))
     b = load_file(str(tmp_path / "killed" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_kl_at_positions_equals_kl_on_the_gathered_rows() -> None:
+    from peagle_vllm.train.objective import kl_at_positions
+
+    torch.manual_seed(0)
+    draft, target = torch.randn(2, 7, 30), torch.randn(2, 5, 30) * 3
+    index = torch.tensor([0, 1, 1, 4, 2, 2, 3])
+    expected = kl_to_target(draft.flatten(0, 1), target[:, index].flatten(0, 1), None).view(2, 7)
+    assert torch.allclose(kl_at_positions(draft, target, index), expected, atol=1e-5)
