@@ -1,0 +1,210 @@
+"""`PEagleSpeculator`: P-EAGLE on vLLM 0.34's V2 model runner. Drafts K tokens per request in ONE head forward.
+
+Each step, after the target verified the previous block (`propose` runs `step.draft_step`; `layout` has the rows):
+1. fc(target auxiliary hidden states) for every target row;
+2. the context rows' draft K/V go into the draft KV cache without attention (1-layer head: a row's K/V depend
+   on its own input only; rejected rows store nothing);
+3. ONE forward over K query rows per request -- depth 0 = (bonus token, fc(h_P)) at P, depths 1..K-1 = (mask
+   token, learned mask state of that depth) at P+1..P+K-1 -- attending to the cached context causally;
+4. drafts from the K rows (`drafts`): argmax for greedy requests, sampled with their q for the others, and the
+   draft logits cached for the verifier.
+
+Verification is vLLM 0.34's own `RejectionSampler` (Triton kernels), set up by `PEagleSpeculatorConfig`:
+greedy requests by argmax match, sampled requests token-wise (Leviathan et al., `rejection_sample_method=
+"standard"` with the cached draft logits) or by block verification (Sun et al., `"block"`, for
+`verify: "block"`). Both are the same tests as the core's `peagle_vllm.verify.verify_standard` /
+`verify_block` (min(1, p/q), residual max(p - q, 0); the block rule's h_i), so nothing `verify` offers is
+missing from V2's and the core's verifier does not run here (V2 also gives a speculator no way to replace the
+runner's rejection sampler). Lossless as long as the cached logits are the ones the drafts were drawn from:
+`drafts` rounds them to the cache's dtype before sampling.
+
+Reused from V2: `DraftModelSpeculator` (buffers, draft KV groups, `DraftLogitsCache`, attention-metadata
+building over the draft's block tables), `get_model` with our registered architecture, vLLM's embedding
+sharing. Ours: the row layout, context K/V, the mask states, sampling. Not done on V2:
+- CUDA graphs: the draft runs eagerly (`init_cudagraph_manager` / `capture` do nothing);
+- adaptive depth: `propose` gets one `num_speculative_tokens` for the whole batch, the scheduler reserves the
+  same lookahead for every request and schedules all K drafts of each; there is no hook through which a
+  speculator sets each request's K, its KV lookahead, or skips the target's work for a request. K stays fixed.
+- metrics: see `metrics` (log lines only; V2 has no channel from a speculator to /metrics).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.nn as nn
+from vllm.config import VllmConfig
+from vllm.config.compilation import CUDAGraphMode
+from vllm.forward_context import BatchDescriptor, set_forward_context
+from vllm.v1.worker.gpu.attn_utils import build_slot_mappings_by_layer
+from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+from vllm.v1.worker.gpu.input_batch import InputBatch
+from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
+
+from peagle_vllm.vllm_adapter.log import LOGGER_NAME
+from peagle_vllm.vllm_adapter.v2 import drafts, layout
+from peagle_vllm.vllm_adapter.v2.config import options_of
+from peagle_vllm.vllm_adapter.v2.draft_model import PEagleDraftModel
+from peagle_vllm.vllm_adapter.v2.hf_config import head_of
+from peagle_vllm.vllm_adapter.v2.metrics import VerificationCounts
+from peagle_vllm.vllm_adapter.v2.step import StepInputs, draft_step
+
+logger = logging.getLogger(LOGGER_NAME)
+
+
+class PEagleSpeculator(DraftModelSpeculator):
+    def __init__(self, vllm_config: VllmConfig, device: torch.device):
+        super().__init__(vllm_config, device)
+        self.options = options_of(self.speculative_config)
+        self.head = head_of(self.draft_model_config.hf_config)
+        self.k = self.num_speculative_steps
+        self.num_query_per_req = self.k  # rows per request in the draft pass
+        self.metrics = VerificationCounts(self.k, device, self.options.acceptance_warn_below)
+        self.num_bad_rows = torch.zeros((), dtype=torch.long, device=device)
+        self.num_proposals = 0  # head forwards: one per step that drafts
+        self._mask_states: torch.Tensor | None = None  # [K-1, H]
+        self._layer_name: str | None = None
+        self._group_id = -1
+
+    # --- loading -----------------------------------------------------------------------------------------
+
+    def load_draft_model(self, target_model: nn.Module, target_attn_layer_names: set[str]) -> nn.Module:
+        from vllm.config import replace
+        from vllm.model_executor.model_loader import get_model
+        from vllm.model_executor.model_loader.utils import get_draft_load_config
+        from vllm.v1.worker.gpu.spec_decode.eagle.utils import maybe_share_target_embed
+        from vllm.v1.worker.gpu.spec_decode.utils import get_pp_safe_draft_load_config
+
+        config = self.speculative_config.apply_draft_overrides(self.vllm_config)
+        load_config = get_pp_safe_draft_load_config(get_draft_load_config(config))
+        if load_config is not config.load_config:
+            config = replace(config, load_config=load_config)
+        model = get_model(vllm_config=config, model_config=self.draft_model_config)
+        if not isinstance(model, PEagleDraftModel):
+            raise TypeError(f"p_eagle expected its own draft model, vLLM built {type(model).__name__}")
+        language = target_model.get_language_model() if hasattr(target_model, "get_language_model") else target_model
+        maybe_share_target_embed(model, model.model, getattr(language, "model", language))
+        return model
+
+    def load_model(self, target_model: nn.Module) -> None:
+        super().load_model(target_model)
+        with torch.inference_mode():
+            self._mask_states = self.model.mask_states(max(self.k - 1, 1)).to(self.dtype)
+        (self._layer_name,) = sorted(self.draft_attn_layer_names)
+
+    def set_attn(self, model_state, kv_cache_config, block_tables, target_input_buffers, target_attn_groups) -> None:
+        super().set_attn(model_state, kv_cache_config, block_tables, target_input_buffers, target_attn_groups)
+        self._group_id = next(gid for gid, group in enumerate(kv_cache_config.kv_cache_groups)
+                              if self._layer_name in group.layer_names)
+
+    # --- CUDA graphs: none, the draft runs eagerly -----------------------------------------------------------
+
+    def init_cudagraph_manager(self, cudagraph_mode: CUDAGraphMode) -> None:
+        if cudagraph_mode != CUDAGraphMode.NONE:
+            logger.info("p_eagle: the draft head runs eagerly on vLLM 0.34 (no draft CUDA graphs)")
+
+    def capture(self) -> None:
+        return
+
+    # --- per step ------------------------------------------------------------------------------------------
+
+    def observe_verification(self, idx_mapping: torch.Tensor, num_sampled: torch.Tensor,
+                             num_rejected: torch.Tensor) -> None:
+        super().observe_verification(idx_mapping, num_sampled, num_rejected)
+        b = idx_mapping.shape[0]
+        self.metrics.observe(num_sampled[:b], num_rejected[:b])
+
+    @torch.inference_mode()
+    def propose(self, input_batch: InputBatch, attn_metadata: dict[str, Any], slot_mappings: dict[str, torch.Tensor],
+                last_hidden_states: torch.Tensor,  # [num_tokens, hidden_size]
+                aux_hidden_states: list[torch.Tensor] | None,  # num_aux x [num_tokens, target_hidden_size]
+                num_sampled: torch.Tensor,  # [num_reqs]
+                num_rejected: torch.Tensor,  # [num_reqs]
+                last_sampled: torch.Tensor,  # [max_num_reqs]
+                next_prefill_tokens: torch.Tensor,  # [num_prefill_lookahead, max_num_reqs]
+                temperature: torch.Tensor,  # [max_num_reqs]
+                seeds: torch.Tensor,  # [max_num_reqs]
+                dp_sync_state=None, dummy_run: bool = False, skip_attn_for_dummy_run: bool = False,
+                mm_inputs=None, is_profile: bool = False,
+                num_speculative_tokens: int | None = None) -> torch.Tensor:
+        """[num_reqs, K] drafts (target ids) from one head forward; see the module docstring. Dummy runs
+        (profiling, warm-up) run the same computation without attention metadata and write nothing."""
+        b, n = input_batch.num_reqs, input_batch.num_tokens
+        aux = torch.cat([h[:n] for h in aux_hidden_states], dim=-1) if aux_hidden_states else last_hidden_states[:n]
+        inputs = StepInputs(input_batch.input_ids[:n], input_batch.positions[:n], input_batch.query_start_loc[: b + 1],
+                            aux, num_sampled[:b], num_rejected[:b], input_batch.idx_mapping[:b], last_sampled,
+                            next_prefill_tokens, temperature)
+        writes = not dummy_run
+        if num_speculative_tokens == 0:  # no drafts this step: keep the draft KV in step (all valid rows)
+            if writes:
+                hidden = self.model.combine_hidden_states(aux)
+                bonus = layout.bonus_tokens(inputs.num_sampled, inputs.idx_mapping, last_sampled, next_prefill_tokens)
+                context = layout.context_rows(inputs.target_input_ids, inputs.query_start_loc, inputs.num_rejected,
+                                              bonus)
+                self._store_context(context, inputs.positions, hidden, slot_mappings, include_last=True)
+            self.draft_tokens[:b].fill_(-1)
+            return self.draft_tokens[:b]
+
+        def store_context(context: layout.ContextRows, hidden: torch.Tensor) -> None:
+            if writes:
+                self._store_context(context, inputs.positions, hidden, slot_mappings, include_last=False)
+
+        def run_query(query: layout.QueryRows, hidden: torch.Tensor) -> torch.Tensor:
+            metadata, slots = self._query_attention(input_batch, query) if writes else (None, None)
+            with set_forward_context(metadata, self.vllm_config, num_tokens=b * self.k, slot_mapping=slots,
+                                     cudagraph_runtime_mode=CUDAGraphMode.NONE,
+                                     batch_descriptor=BatchDescriptor(num_tokens=b * self.k)):
+                normed, _ = self.model(query.input_ids, query.positions, hidden)
+            return normed
+
+        cache = self.draft_logits
+        step = draft_step(self.model, self._mask_states, inputs, self.k, self.max_model_len,
+                          cache.values.dtype if cache is not None else self.dtype, store_context, run_query)
+        self.num_proposals += 1
+        self.num_bad_rows += step.num_bad_rows
+        if cache is not None and writes:
+            drafts.cache_draft_logits(cache.values, inputs.idx_mapping, step.rounded_logits, self.model.draft_to_target)
+        self.draft_tokens[:b] = step.tokens
+        return self.draft_tokens[:b]
+
+    def _store_context(self, context: layout.ContextRows, positions: torch.Tensor, hidden: torch.Tensor,
+                       slot_mappings: dict[str, torch.Tensor], include_last: bool) -> None:
+        """Draft K/V of the context rows into the draft KV cache, at the target batch's slots for the draft group
+        (read before `_query_attention` overwrites that buffer with the query rows' slots)."""
+        n = positions.shape[0]
+        store = context.store.clone()
+        if include_last:
+            store[context.last] = True
+        slots = torch.where(store, slot_mappings[self._layer_name][:n].long(), layout.PAD_SLOT_ID)
+        key, value = self.model.context_kv(context.input_ids, positions, hidden)
+        self.model.store_context_kv(key, value, slots)
+
+    def _query_attention(self, input_batch: InputBatch, query: layout.QueryRows) -> tuple[Any, dict]:
+        """Attention metadata and slot mappings of the query pass (K rows per request, causal over the cache)."""
+        b, k = input_batch.num_reqs, self.k
+        num_q = b * k
+        buffers = self.input_buffers
+        buffers.input_ids[:num_q] = query.input_ids
+        buffers.positions[:num_q] = query.positions
+        buffers.query_start_loc[: b + 1] = torch.arange(b + 1, device=self.device, dtype=torch.int32) * k
+        buffers.query_start_loc[b + 1:] = num_q
+        buffers.seq_lens[:b] = query.seq_lens
+        buffers.seq_lens[b:] = 0
+        gid = self._group_id
+        self.block_tables.slot_mappings[gid, :num_q] = layout.query_slots(
+            query.raw_positions, self.block_tables.input_block_tables[gid], self.block_tables.block_sizes[gid], k,
+            self.max_model_len)
+        max_seq_len = int(input_batch.seq_lens_cpu_upper_bound[:b].max())
+        self.draft_max_seq_len = min(max_seq_len + k, self.max_model_len)
+        batch = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=num_q, num_reqs=b)
+        metadata = self._build_uniform_attn_metadata(batch, b, k, input_batch.seq_lens_cpu_upper_bound, step=k,
+                                                     causal=True)
+        slots = build_slot_mappings_by_layer(self.block_tables.slot_mappings[:, :num_q], self.kv_cache_config)
+        return metadata, slots
+
+    @property
+    def num_bad_draft_rows(self) -> int:
+        """Draft rows whose logits were NaN/Inf so far (one sync)."""
+        return int(self.num_bad_rows)

@@ -1,0 +1,98 @@
+"""p_eagle's options on vLLM 0.34: accepted ones set vLLM up, bad ones are refused with one line naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm", minversion="0.34", reason="the V2 adapter needs vLLM 0.34 or later")
+
+
+def _error(make_spec, **fields) -> str:
+    from pydantic import ValidationError
+
+    with pytest.raises((ValidationError, ValueError)) as info:
+        make_spec(**fields)
+    return str(info.value)
+
+
+def test_defaults_set_up_an_eagle_style_parallel_drafter(make_spec) -> None:
+    spec = make_spec()
+    assert (spec.method, spec.custom_method) == ("eagle3", "p_eagle")
+    assert spec.draft_sample_method == "probabilistic" and spec.rejection_sample_method == "standard"
+    sc = spec.speculator_config
+    assert type(sc).__name__ == "PEagleSpeculatorConfig" and sc.parallel_drafting and sc.uses_aux_hidden_states
+    assert sc.num_lookahead_tokens == 4 and spec.needs_eagle_block_drop()
+    assert list(spec.draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids) == [1, 2, 3]
+
+
+def test_verify_block_selects_vllm_block_verification(make_spec) -> None:
+    assert make_spec(speculator_options={"verify": "block"}).rejection_sample_method == "block"
+    assert make_spec(speculator_options={"verify": "standard"}).rejection_sample_method == "standard"
+
+
+def test_k_defaults_to_the_trained_depth(make_spec) -> None:
+    assert make_spec(num_speculative_tokens=None).num_speculative_tokens == 8
+
+
+def test_all_own_options_are_accepted(make_spec) -> None:
+    from peagle_vllm.vllm_adapter.v2.config import options_of
+
+    spec = make_spec(speculator_options={"verify": "auto", "adaptive": False, "min_k": 1,
+                                         "acceptance_warn_below": 0.5})
+    options = options_of(spec)
+    assert (options.adaptive, options.min_k, options.acceptance_warn_below) == (False, 1, 0.5)
+
+
+@pytest.mark.parametrize("fields, names", [
+    ({"speculator_options": {"verify": "blok"}}, "speculative_config['speculator_options']['verify']"),
+    ({"speculator_options": {"adaptive": "yes"}}, "speculative_config['speculator_options']['adaptive']"),
+    ({"speculator_options": {"min_k": 9}}, "speculative_config['speculator_options']['min_k']"),
+    ({"speculator_options": {"acceptance_warn_below": 2}},
+     "speculative_config['speculator_options']['acceptance_warn_below']"),
+    ({"speculator_options": {"verfy": "block"}}, "speculative_config['speculator_options']['verfy']"),
+    ({"parallel_drafting": True}, "speculative_config['parallel_drafting']"),
+    ({"rejection_sample_method": "fly"}, "speculative_config['rejection_sample_method']"),
+    ({"rejection_sample_method": "block"}, "speculative_config['rejection_sample_method']"),
+    ({"enable_adaptive_verification": True}, "speculative_config['enable_adaptive_verification']"),
+    ({"num_speculative_tokens": 33}, "speculative_config['num_speculative_tokens']"),
+    ({"num_speculative_tokens": 9}, "speculative_config['num_speculative_tokens']"),  # depth head: 8 slots
+])
+def test_bad_fields_are_refused_naming_the_field(make_spec, fields, names) -> None:
+    message = _error(make_spec, **fields)
+    assert names in message
+
+
+def test_missing_or_wrong_head_is_refused(make_spec, models, tmp_path) -> None:
+    assert "speculative_config['model'] is missing" in _error(make_spec, model=None)
+    assert "speculative_config['model'] is missing" in _error(make_spec, model=None, num_speculative_tokens=None)
+    assert "does not exist" in _error(make_spec, model=str(tmp_path / "nope"))
+    assert "has no config.json" in _error(make_spec, model=str(tmp_path))
+
+
+def test_head_for_another_target_is_refused(make_spec, models, tmp_path) -> None:
+    from tiny_models import build_random_head, build_tiny_target
+
+    other = build_tiny_target(tmp_path / "other", hidden=32, layers=4, vocab=512)
+    head = build_random_head(other, tmp_path / "other_head", k=4)
+    assert "target_hidden_size 32 does not match" in _error(make_spec, model=str(head))
+
+
+def test_multi_layer_head_is_refused(make_spec, models, tmp_path) -> None:
+    from dataclasses import replace
+
+    from tiny_models import tiny_head_config
+
+    from peagle_vllm.checkpoint import save_head
+    from peagle_vllm.head import PEagleHead
+
+    cfg = replace(tiny_head_config(models["target"], "depth", k=8), num_hidden_layers=2)
+    save_head(PEagleHead(cfg), tmp_path / "two_layers", verifier="tiny")
+    assert "has 2 decoder layers" in _error(make_spec, model=str(tmp_path / "two_layers"))
+
+
+@pytest.mark.parametrize("parallel, words", [({"pipeline_parallel_size": 2}, "pipeline parallelism"),
+                                             ({"data_parallel_size": 2}, "--data-parallel-size 1")])
+def test_pipeline_and_data_parallelism_are_refused(make_spec, parallel, words) -> None:
+    from vllm.config import ParallelConfig
+
+    assert words in _error(make_spec, target_parallel_config=ParallelConfig(**parallel))

@@ -1,0 +1,74 @@
+"""PEagleSpeculator itself, built by vLLM 0.34's own DraftModelSpeculator constructor on CPU, proposing on the
+batch vLLM's runner uses for its dummy runs (`InputBatch.make_dummy`, no attention metadata: vLLM's attention
+layer then computes nothing, as in its memory-profiling run).
+
+Not reachable here: `load_model` (vLLM's `get_model` builds the attention layer with the platform's backend,
+and the CPU platform of vLLM 0.34 needs `vllm._C` and triton-cpu), and a propose with attention metadata and
+a paged KV cache (`set_attn`, `_query_attention`): they need the V2 runner's KV-cache setup on a GPU. The step
+they wrap is checked against the core head in test_drafting.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", minversion="0.34", reason="the V2 adapter needs vLLM 0.34 or later")
+
+
+@pytest.fixture()
+def speculator(make_spec, build_draft_model, vllm_env):
+    from vllm.config import set_current_vllm_config
+
+    from peagle_vllm.vllm_adapter.v2.speculator import PEagleSpeculator
+
+    spec = make_spec("depth", num_speculative_tokens=6)
+    model = build_draft_model(spec)  # sets vllm_env.speculative_config = spec
+    with set_current_vllm_config(vllm_env):
+        s = PEagleSpeculator(vllm_env, torch.device("cpu"))
+    s.model = model  # what load_model does after vLLM's get_model
+    s._mask_states = model.mask_states(s.k - 1)
+    return s
+
+
+def _propose(s, batch, num_sampled, **kwargs):
+    from vllm.config import set_current_vllm_config
+
+    b, n = batch.num_reqs, batch.num_tokens
+    aux = [torch.randn(n, 64) for _ in range(3)]
+    with set_current_vllm_config(s.vllm_config):
+        return s.propose(batch, None, None, torch.zeros(n, 64), aux, num_sampled, torch.zeros(b, dtype=torch.long),
+                         torch.zeros(s.max_num_reqs, dtype=torch.long),
+                         torch.zeros(1, s.max_num_reqs, dtype=torch.long), torch.zeros(s.max_num_reqs),
+                         torch.zeros(s.max_num_reqs, dtype=torch.long), dummy_run=True,
+                         skip_attn_for_dummy_run=True, **kwargs)
+
+
+def test_dummy_run_proposes_k_drafts_per_request_in_one_forward(speculator) -> None:
+    from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
+
+    s = speculator
+    assert (s.k, s.num_query_per_req) == (6, 6)
+    batch = InputBatch.make_dummy(3, 12, InputBuffers(s.max_num_reqs, s.max_num_tokens, torch.device("cpu")))
+    before = s.model.num_forwards
+    drafts = _propose(s, batch, torch.ones(3, dtype=torch.long))
+    assert drafts.shape == (3, 6) and drafts.dtype == torch.int64
+    assert s.model.num_forwards == before + 1 and s.num_proposals == 1
+    assert bool((drafts >= 0).all()) and bool((drafts < 512).all())
+    assert s.draft_logits is None  # allocated by load_model; dummy runs never write it anyway
+
+
+def test_no_draft_step_runs_no_forward(speculator) -> None:
+    from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
+
+    s = speculator
+    batch = InputBatch.make_dummy(2, 4, InputBuffers(s.max_num_reqs, s.max_num_tokens, torch.device("cpu")))
+    before = s.model.num_forwards
+    drafts = _propose(s, batch, torch.ones(2, dtype=torch.long), num_speculative_tokens=0)
+    assert drafts.tolist() == [[-1] * 6] * 2 and s.model.num_forwards == before
+
+
+def test_observe_verification_feeds_the_metrics(speculator) -> None:
+    s = speculator
+    s.observe_verification(torch.tensor([0, 1]), torch.tensor([3, 0]), torch.tensor([4, 0]))
+    assert s.metrics.num_steps == 1
+    assert s.metrics.accepted_per_position.tolist()[:3] == [1, 1, 0]
