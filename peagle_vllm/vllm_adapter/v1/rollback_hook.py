@@ -1,7 +1,7 @@
 """KV-cache rollback in vLLM (the policy is `peagle_vllm.rollback`).
 
 vLLM already moves a request's `num_computed_tokens` back by its rejected drafts, so their slots
-are overwritten before they are read (DESIGN.md). What this module adds:
+are overwritten before they are read. What this module adds:
 
 - Scheduler (engine core): each request reserves draft-head lookahead for its own K
   (`KVCacheManager.allocate_slots` is wrapped on the scheduler's instance), and after each step a
