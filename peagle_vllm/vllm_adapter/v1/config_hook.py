@@ -47,6 +47,14 @@ def prepare(user_config: dict, hidden: int, vocab: int, layers: int) -> tuple[di
     return for_vllm, PEagleMark(dataclasses.replace(options, model=path, num_speculative_tokens=k), head)
 
 
+def with_target_positions(mark: PEagleMark, max_model_len: int) -> PEagleMark:
+    """The head's rotary table and maximum length follow the target's: drafts run at the target's positions,
+    which may lie past the head's own `max_position_embeddings` (a head trained on short windows)."""
+    if mark.head.max_position_embeddings >= max_model_len:
+        return mark
+    return dataclasses.replace(mark, head=dataclasses.replace(mark.head, max_position_embeddings=max_model_len))
+
+
 def _refuse_depth_head_in_builtin(user_config: dict) -> None:
     """vLLM's own parallel drafting has one shared mask slot; a depth-aware head would load wrongly."""
     model = user_config.get("model")
@@ -75,6 +83,7 @@ def wrap_create_speculative_config(original):
                                     "(tensor parallelism is fine)")
         for_vllm, mark = prepare(user, target_model_config.get_hidden_size(), target_model_config.get_vocab_size(),
                                  target_model_config.get_total_num_hidden_layers())
+        mark = with_target_positions(mark, target_model_config.max_model_len)
         self.speculative_config = for_vllm
         try:
             spec = original(self, target_model_config, target_parallel_config)

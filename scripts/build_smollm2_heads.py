@@ -1,0 +1,101 @@
+"""Train the shipped heads for SmolLM2-135M-Instruct on this CPU, with equal budgets (same data, tokens, steps):
+`smollm2-peagle-depth` (ours, K=16), `smollm2-peagle-standard` (the published P-EAGLE layout, K=16; also loads
+in vLLM's built-in parallel drafting) and `smollm2-eagle3` (sequential EAGLE-3 baseline).
+
+    python scripts/build_smollm2_heads.py            # every phase; rerun it to resume after an interruption
+
+Phases, each resumable: self-distillation (the target answers the training prompts, chunk by chunk), the
+capture of the target's states (once, shared by the three heads), then each head's training (checkpointed
+every few steps). Work goes to --work (default runs/smollm2-heads); finished heads are copied to models/
+(weights, config, train_log.json, loss.png, without the trainer's state), and a comparison plot of the three
+runs to models/smollm2-heads-loss.png. Wall time per phase is appended to --work/phases.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET = REPO / "models" / "SmolLM2-135M-Instruct"
+HEADS = {"smollm2-peagle-depth": "depth", "smollm2-peagle-standard": "standard", "smollm2-eagle3": "eagle3"}
+PROMPTS = 3072
+RECIPE = dict(k=16, steps=384, batch_size=8, seq_len=384, lr=2e-3, warmup=20, draft_vocab=8192,
+              share_embeddings=True, checkpoint_every=16)
+
+
+def _record(work: Path, phase: str, seconds: float, **extra) -> None:
+    path = work / "phases.json"
+    phases = json.loads(path.read_text()) if path.exists() else []
+    phases.append({"phase": phase, "seconds": round(seconds, 1), **extra})
+    path.write_text(json.dumps(phases, indent=1))
+
+
+def _plot(models: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for name in HEADS:
+        log = models / name / "train_log.json"
+        if not log.exists():
+            continue
+        history = json.loads(log.read_text())["history"]
+        a.plot([h["tokens"] for h in history], [h["loss"] for h in history], label=name, lw=0.8)
+        last = history[-1]["accuracy"]
+        b.plot([int(d) + 1 for d in last], list(last.values()), marker="o", label=name)
+    a.set_xlabel("training tokens (response tokens labelled)"), a.set_ylabel("KL(target || draft), depth-weighted")
+    a.set_yscale("log"), a.legend(), a.set_title("loss")
+    b.set_xlabel("draft position"), b.set_ylabel("top-1 agreement with the target (last step)"), b.legend()
+    b.set_title("agreement by depth")
+    fig.tight_layout()
+    fig.savefig(models / "smollm2-heads-loss.png", dpi=80)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, default=REPO / "runs" / "smollm2-heads")
+    parser.add_argument("--models", type=Path, default=REPO / "models")
+    parser.add_argument("--heads", nargs="*", default=list(HEADS), help="which heads (default: all three)")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    from peagle_vllm.harness.distill import distill
+    from peagle_vllm.harness.real_target import check_converted
+    from peagle_vllm.train.prompts import build_prompts
+    from peagle_vllm.train.capture import cache_dir_for, capture_conversations
+    from peagle_vllm.train.data import read_conversations
+    from peagle_vllm.train.trainer import STATE_DIR, TrainRecipe, default_aux_layers, train
+
+    check_converted(TARGET)
+    args.work.mkdir(parents=True, exist_ok=True)
+    data = args.work / "distill"
+    t0 = time.time()
+    record = distill(str(TARGET), build_prompts(PROMPTS), data)
+    _record(args.work, "self-distillation", time.time() - t0, **record)
+    torch.set_num_threads(args.threads)
+    aux = default_aux_layers(json.loads((TARGET / "config.json").read_text())["num_hidden_layers"])
+    t0 = time.time()
+    capture_conversations(str(TARGET), read_conversations(data), cache_dir_for(data, aux), aux)
+    _record(args.work, "capture", time.time() - t0)
+    for name in args.heads:
+        run = args.work / name
+        recipe = TrainRecipe(target=str(TARGET), data=str(data), out=str(run), variant=HEADS[name], **RECIPE)
+        t0 = time.time()
+        last = train(recipe, resume=run.exists())
+        _record(args.work, name, time.time() - t0, tokens=last["tokens"], steps=last["step"],
+                training_seconds=last["seconds"])
+        shutil.rmtree(args.models / name, ignore_errors=True)
+        shutil.copytree(run, args.models / name, ignore=shutil.ignore_patterns(STATE_DIR))
+        _plot(args.models)
+
+
+if __name__ == "__main__":
+    main()
