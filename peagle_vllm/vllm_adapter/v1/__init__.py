@@ -7,9 +7,9 @@ from __future__ import annotations
 _report: dict[str, str] | None = None
 
 
-def install(vllm_version: str) -> dict[str, str]:
-    """Registers the draft architecture and applies the patch table, once per process; returns what was
-    patched and what was skipped."""
+def install(vllm_version: str, table: tuple | None = None) -> dict[str, str]:
+    """Registers the draft architecture and applies the patch table (`patches.PATCHES` unless another `table`
+    is given, e.g. the profiler's timed one), once per process; returns what was patched and what was skipped."""
     global _report
     if _report is not None:
         return _report
@@ -20,5 +20,5 @@ def install(vllm_version: str) -> dict[str, str]:
 
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, "peagle_vllm.vllm_adapter.v1.draft_model:PEagleDraftModel")
-    _report = apply_patches(PATCHES, vllm_version)
+    _report = apply_patches(PATCHES if table is None else table, vllm_version)
     return _report
