@@ -77,9 +77,8 @@ def main() -> None:
     check_converted(TARGET)
     args.work.mkdir(parents=True, exist_ok=True)
     data = args.work / "distill"
-    t0 = time.time()
     record = distill(str(TARGET), build_prompts(PROMPTS), data)
-    _record(args.work, "self-distillation", time.time() - t0, **record)
+    _record(args.work, "self-distillation", record["seconds"], tokens=record["tokens"], conversations=record["rows"])
     torch.set_num_threads(args.threads)
     aux = default_aux_layers(json.loads((TARGET / "config.json").read_text())["num_hidden_layers"])
     t0 = time.time()
