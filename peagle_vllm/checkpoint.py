@@ -2,7 +2,9 @@
 EAGLE-3/P-EAGLE layout (`LlamaForCausalLMEagle3`, `midlayer.*`, as the public *-p-eagle heads).
 
 `read_head_config` turns either config.json into a HeadConfig with clear errors naming the field;
-`load_head`/`save_head` move weights between disk and `PEagleHead`.
+`load_head`/`save_head` move weights between disk and `PEagleHead`. Acceptance settings a checkpoint
+declares (speculators' `verifier_accept_k` / `accept_tolerance`) are kept raw in `HeadConfig.extra` and
+never used: only the speculative config turns lossy acceptance on.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from peagle_vllm.config import TOLERANCE_KEYS
 from peagle_vllm.head import HeadConfig, PEagleHead
 
 MASK_TOKEN_KEYS = ("mask_token_id", "pard_token", "ptd_token_id")
@@ -55,11 +58,12 @@ def read_head_config(path: str | os.PathLike) -> HeadConfig:
         methods = (raw.get("speculators_config") or {}).get("proposal_methods") or [{}]
         depth = int(methods[0].get("speculative_tokens", 8))
         variant = raw.get("peagle_variant", "standard" if kind == "peagle" else "eagle3")
-        top = raw
+        top, proposal = raw, methods[0]
     else:
-        layer, top = raw, raw
+        layer, top, proposal = raw, raw, raw
         depth = int(raw.get("trained_depth", raw.get("num_speculative_tokens", 8)))
         variant = raw.get("peagle_variant", "standard")
+    declared = {key: proposal[key] for key in TOLERANCE_KEYS if key in proposal}
     mask_id = next((top[k] for k in MASK_TOKEN_KEYS if top.get(k) is not None), None)
     if mask_id is None:
         mask_id = next((layer[k] for k in MASK_TOKEN_KEYS if layer.get(k) is not None), None)
@@ -88,6 +92,7 @@ def read_head_config(path: str | os.PathLike) -> HeadConfig:
             fc_norm=bool(top.get("fc_norm", False)),
             norm_output=bool(top.get("norm_output", False)),
             norm_before_residual=bool(top.get("norm_before_residual", False)),
+            extra=declared,
         )
     except KeyError as exc:
         raise CheckpointError(f"{path}/config.json lacks {exc.args[0]!r}: the draft layer's config must give it") from exc

@@ -4,16 +4,20 @@ field and the fix. Pure Python: the adapter calls it before vLLM ever sees the c
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from peagle_vllm.head import HeadConfig
+from peagle_vllm.verify import is_lossy
 
 METHOD = "p_eagle"
 MAX_K = 32
 VERIFY_MODES = ("auto", "standard", "block")
 # Keys that are ours; everything else in the dict is handed to vLLM's SpeculativeConfig.
-OWN_KEYS = ("verify", "adaptive", "min_k", "acceptance_warn_below")
+OWN_KEYS = ("verify", "adaptive", "min_k", "acceptance_warn_below", "verifier_accept_k", "accept_tolerance")
+# speculators' lossy acceptance (GreedyTokenProposalConfig), never taken from a checkpoint: lossless defaults.
+TOLERANCE_KEYS = ("verifier_accept_k", "accept_tolerance")
 # vLLM keys whose meaning conflicts with p_eagle (it sets them itself).
 REFUSED_KEYS = {
     "parallel_drafting": "p_eagle always drafts in parallel; drop the key",
@@ -46,6 +50,13 @@ class PEagleOptions:
     adaptive: bool = True  # per-request K chosen each step (peagle_vllm.depth); False = fixed K
     min_k: int = 0  # lowest K adaptive depth may choose (0 allows falling back to plain decoding)
     acceptance_warn_below: float = 0.75  # warn when the 20-step block acceptance rate falls below this
+    verifier_accept_k: int = 1  # greedy drafts among the target's top k may be accepted (1: exact match only)
+    accept_tolerance: float = 0.0  # ... when log p_top - log p_draft <= this (0: exact match only)
+
+    @property
+    def lossy(self) -> bool:
+        """Greedy requests may emit a draft that is not the target's argmax (`verify.within_tolerance`)."""
+        return is_lossy(self.verifier_accept_k, self.accept_tolerance)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,6 +99,14 @@ def split_p_eagle_config(user: dict[str, Any], known_vllm_keys: set[str] | None 
     warn_below = cfg.get("acceptance_warn_below", 0.75)
     if isinstance(warn_below, bool) or not isinstance(warn_below, (int, float)) or not 0 <= warn_below <= 1:
         raise PEagleConfigError(f"{_field('acceptance_warn_below')} must be a rate from 0 to 1, got {warn_below!r}")
+    accept_k = cfg.get("verifier_accept_k", 1)
+    if isinstance(accept_k, bool) or not isinstance(accept_k, int) or accept_k < 1:
+        raise PEagleConfigError(f"{_field('verifier_accept_k')} must be an integer >= 1 (1 = lossless: only the "
+                                f"target's argmax is accepted), got {accept_k!r}")
+    tolerance = cfg.get("accept_tolerance", 0.0)
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < math.inf:
+        raise PEagleConfigError(f"{_field('accept_tolerance')} must be a finite number >= 0 (a log-probability gap; "
+                                f"0 = lossless), got {tolerance!r}")
     for key, fix in REFUSED_KEYS.items():
         if key in cfg:
             raise PEagleConfigError(f"{_field(key)} cannot be used with p_eagle: {fix}")
@@ -98,7 +117,8 @@ def split_p_eagle_config(user: dict[str, Any], known_vllm_keys: set[str] | None 
             raise PEagleConfigError(f"{_field(unknown[0])} is not a speculative-config field: p_eagle takes "
                                     f"{', '.join(OWN_KEYS)} plus vLLM's own fields; check the spelling")
     return PEagleOptions(model=model, num_speculative_tokens=k, verify=verify, adaptive=adaptive, min_k=min_k,
-                         acceptance_warn_below=float(warn_below)), passthrough
+                         acceptance_warn_below=float(warn_below), verifier_accept_k=accept_k,
+                         accept_tolerance=float(tolerance)), passthrough
 
 
 def check_head_fits_target(head: HeadConfig, where: str, target_hidden_size: int, target_vocab_size: int,

@@ -2,7 +2,8 @@
 out the K slots and runs the ONE forward is `vllm_adapter/proposer.py`).
 
 Greedy requests draft the argmax (one-hot q). Sampled requests draft from q = softmax(logits / T)
-and keep q, so the verifier can accept with min(1, p/q) and stay lossless.
+and keep q, so the verifier can accept with min(1, p/q) and stay lossless. No device tensor is read
+back to the host: whether any request samples is the caller's host fact (temperature None or not).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ def sample_drafts(logits: torch.Tensor, draft_to_target: torch.Tensor | None, te
                   generators: dict[int, torch.Generator] | None = None,
                   target_vocab: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logits [B, K, Vd] over the draft vocabulary -> (drafts [B, K] as target ids,
-    q [B, K, V] over the target vocabulary, or None when every request is greedy).
+    q [B, K, V] over the target vocabulary, or None when temperature is None).
 
-    temperature [B] (None or all <= 0: all greedy); draft_to_target [Vd] maps draft ids to target ids
-    (None: identical vocabularies). generators maps a request row to its seeded generator."""
+    temperature [B]: None when every request is greedy (vLLM's host-side all_greedy), else rows <= 0 are
+    greedy (argmax drafts, one-hot q); draft_to_target [Vd] maps draft ids to target ids (None: identical
+    vocabularies). generators maps a request row to its seeded generator."""
     b, k, vd = logits.shape
     greedy_ids = logits.argmax(-1)
-    if temperature is None or not bool((temperature > 0).any()):
+    if temperature is None:
         ids, q = greedy_ids, None
     else:
         t = torch.where(temperature > 0, temperature, 1.0).float().view(b, 1, 1)

@@ -27,10 +27,11 @@ def next_step_tokens(num_computed: int, num_drafts: int, lookahead: int) -> int:
 def beyond_capacity(positions: torch.Tensor, tokens_per_request: torch.Tensor, capacity: torch.Tensor) -> torch.Tensor:
     """[num_tokens] bool: token t of a flattened batch sits at a position its request holds no slot
     for (requests laid out back to back, `tokens_per_request[r]` tokens each; `capacity[r]` slots).
-    Such draft-head writes must be dropped: the block table past a request's blocks is not its own."""
+    Such draft-head writes must be dropped: the block table past a request's blocks is not its own.
+    positions [num_tokens], tokens_per_request [B] and capacity [B] on one device: nothing is copied."""
     owner = torch.repeat_interleave(torch.arange(len(capacity), device=positions.device), tokens_per_request,
                                     output_size=positions.numel())
-    return positions >= capacity.to(positions.device)[owner]
+    return positions >= capacity[owner]
 
 
 def stale_slots(block_ids: list[int], start: int, block_size: int) -> torch.Tensor:

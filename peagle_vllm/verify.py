@@ -5,6 +5,10 @@ Inputs are padded to [B, K]; row b has `num_draft[b]` real drafts (padding is ne
 Target distributions are the *processed* ones (temperature, min-p, top-k, top-p applied by
 `target_probs`), so the emitted tokens follow exactly what plain sampling would draw. The bonus
 token (all drafts accepted) is supplied by the caller, sampled from the target's last row.
+
+Opt-in lossy acceptance for greedy rows (speculators' `verifier_accept_k` / `accept_tolerance`):
+`within_tolerance`; sampled rows always stay lossless. Nothing here reads a device tensor back to the
+host: per-row options are masks, and only host facts (shapes, Python arguments) choose branches.
 """
 
 from __future__ import annotations
@@ -27,25 +31,25 @@ def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
                  top_p: torch.Tensor | None = None, min_p: torch.Tensor | None = None) -> torch.Tensor:
     """Sampling distribution [N, V] (float32) from logits [N, V] and per-row parameters [N], in vLLM's
     order: temperature, min-p, then top-k and top-p. Rows with temperature 0 get temperature 1
-    (greedy rows never read their probabilities). top_k <= 0 and top_p >= 1 mean off."""
+    (greedy rows never read their probabilities). Per row, top_k <= 0 or >= V, top_p >= 1 and
+    min_p <= 0 mean off; None (as vLLM passes when no request uses the option) skips its work."""
     logits = logits.float() / torch.where(temperature > 0, temperature, 1.0).float().unsqueeze(-1)
-    if min_p is not None and bool((min_p > 0).any()):
+    if min_p is not None:  # min_p 0: nothing is below 0 * max
         probs = logits.softmax(-1)
         too_small = probs < probs.amax(-1, keepdim=True) * min_p.float().unsqueeze(-1)
         logits = logits.masked_fill(too_small, float("-inf"))
-    use_k = top_k is not None and bool(((top_k > 0) & (top_k < logits.shape[-1])).any())
-    use_p = top_p is not None and bool((top_p < 1).any())
-    if use_k or use_p:
+    if top_k is not None or top_p is not None:
+        vocab = logits.shape[-1]
         sorted_logits, order = logits.sort(dim=-1, descending=True)
+        ranks = torch.arange(vocab, device=logits.device)
         remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
-        ranks = torch.arange(logits.shape[-1], device=logits.device)
-        if use_k:
-            k = torch.where(top_k > 0, top_k, logits.shape[-1]).unsqueeze(-1)
-            remove |= ranks >= k
-        if use_p:
+        if top_k is not None:  # k off (<= 0) becomes V: no rank reaches it
+            remove |= ranks >= torch.where(top_k > 0, top_k, vocab).unsqueeze(-1)
+        if top_p is not None:
             sorted_probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(-1)
             mass_before = sorted_probs.cumsum(-1) - sorted_probs
-            remove |= (mass_before >= top_p.float().unsqueeze(-1)) & (ranks > 0)
+            cut = (mass_before >= top_p.float().unsqueeze(-1)) & (ranks > 0)
+            remove |= cut & (top_p < 1).unsqueeze(-1)  # top_p 1 is off even where rounding pushes the mass past 1
         logits = logits.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
     return logits.softmax(-1)
 
@@ -69,13 +73,50 @@ def _prefix_len(ok: torch.Tensor) -> torch.Tensor:
     return ok.long().cumprod(dim=1).sum(dim=1)
 
 
+def _accept_prefix_then_argmax(drafts: torch.Tensor, num_draft: torch.Tensor, ok: torch.Tensor,
+                               target_argmax: torch.Tensor, bonus: torch.Tensor) -> VerifyResult:
+    """The longest prefix of drafts with `ok` [B, K], then the target's argmax there (bonus [B] after all)."""
+    k = drafts.shape[1]
+    n = _prefix_len(ok & _valid(num_draft, k))
+    at = target_argmax.gather(1, n.clamp(max=k - 1).unsqueeze(1)).squeeze(1) if k else bonus
+    return _assemble(drafts, n, torch.where(n == num_draft, bonus, at))
+
+
 def verify_greedy(drafts: torch.Tensor, num_draft: torch.Tensor, target_argmax: torch.Tensor,
                   bonus: torch.Tensor) -> VerifyResult:
     """Longest prefix equal to the target's argmax, then the target's token (argmax or bonus)."""
-    k = drafts.shape[1]
-    n = _prefix_len((drafts == target_argmax) & _valid(num_draft, k))
-    at = target_argmax.gather(1, n.clamp(max=k - 1).unsqueeze(1)).squeeze(1) if k else bonus
-    return _assemble(drafts, n, torch.where(n == num_draft, bonus, at))
+    return _accept_prefix_then_argmax(drafts, num_draft, drafts == target_argmax, target_argmax, bonus)
+
+
+def is_lossy(accept_k: int, tolerance: float) -> bool:
+    """Tolerance acceptance changes anything only with both accept_k > 1 and tolerance > 0."""
+    return accept_k > 1 and tolerance > 0
+
+
+def within_tolerance(drafts: torch.Tensor, target_logits: torch.Tensor, target_argmax: torch.Tensor,
+                     accept_k: int, tolerance: float) -> torch.Tensor:
+    """[B, K] bool, speculators' rule per draft: equal to the target's argmax, or among its `accept_k` most
+    likely tokens (fewer than accept_k strictly more likely) with log p_top - log p_draft <= tolerance, p
+    the softmax of the processed target logits [B, K, V] at temperature 1. Lossless (exact matches only)
+    unless `is_lossy(accept_k, tolerance)`."""
+    exact = drafts == target_argmax
+    if not is_lossy(accept_k, tolerance):
+        return exact
+    logp = target_logits.float().log_softmax(-1)  # [B, K, V]
+    logp_draft = logp.gather(2, _ids(drafts).unsqueeze(2))  # [B, K, 1]
+    logp_top = logp.gather(2, target_argmax.long().unsqueeze(2))  # [B, K, 1]
+    in_top_k = (logp > logp_draft).sum(-1) < accept_k
+    close = (logp_top - logp_draft).squeeze(2) <= tolerance  # a banned draft (-inf) never is
+    return exact | (in_top_k & close)
+
+
+def verify_tolerant(drafts: torch.Tensor, num_draft: torch.Tensor, target_logits: torch.Tensor,
+                    target_argmax: torch.Tensor, bonus: torch.Tensor, accept_k: int,
+                    tolerance: float) -> VerifyResult:
+    """Greedy rows under `within_tolerance`: the longest prefix passing it, then the target's argmax
+    (bonus after all). drafts [B, K], target_logits [B, K, V], target_argmax [B, K], bonus [B]."""
+    ok = within_tolerance(drafts, target_logits, target_argmax, accept_k, tolerance)
+    return _accept_prefix_then_argmax(drafts, num_draft, ok, target_argmax, bonus)
 
 
 def _ids(drafts: torch.Tensor) -> torch.Tensor:
@@ -133,8 +174,9 @@ def verify_standard(drafts: torch.Tensor, num_draft: torch.Tensor, draft_probs: 
     u = _uniforms((b, k), drafts.device, generators)
     n = _prefix_len((u * q_x <= p_x) & (p_x > 0) & _valid(num_draft, k))
     j = n.clamp(max=k - 1)
-    p_j = probs[torch.arange(b), j]
-    q_j = _draft_dist(drafts, draft_probs, probs.shape[-1])[torch.arange(b), j]
+    rows = torch.arange(b, device=drafts.device)
+    p_j = probs[rows, j]
+    q_j = _draft_dist(drafts, draft_probs, probs.shape[-1])[rows, j]
     recovered = sample_rows(_residual(p_j, q_j), generators)
     return _assemble(drafts, n, torch.where(n == num_draft, bonus, recovered))
 
@@ -177,12 +219,19 @@ def verify_block(drafts: torch.Tensor, num_draft: torch.Tensor, draft_probs: tor
 
 
 def verify(mode: str, drafts: torch.Tensor, num_draft: torch.Tensor, draft_probs: torch.Tensor | None,
-           probs: torch.Tensor, target_argmax: torch.Tensor, bonus: torch.Tensor, is_greedy: torch.Tensor,
-           generators: dict[int, torch.Generator] | None = None) -> VerifyResult:
-    """Mixed batch: temperature-0 rows by argmax match, the others by `mode` ("block", or token-wise
-    for "standard"/"auto"), so the verification is always chosen by each request's temperature."""
-    greedy = verify_greedy(drafts, num_draft, target_argmax, bonus)
-    if bool(is_greedy.all()):
+           probs: torch.Tensor | None, target_argmax: torch.Tensor, bonus: torch.Tensor, is_greedy: torch.Tensor,
+           generators: dict[int, torch.Generator] | None = None, accept_k: int = 1, accept_tolerance: float = 0.0,
+           target_logits: torch.Tensor | None = None) -> VerifyResult:
+    """Mixed batch: temperature-0 rows by argmax match (or, when `is_lossy(accept_k, accept_tolerance)`, by
+    `within_tolerance` over target_logits [B, K, V]), the others losslessly by `mode` ("block", or token-wise
+    for "standard"/"auto"). probs [B, K, V] None: every row is greedy (a host fact the caller has)."""
+    if is_lossy(accept_k, accept_tolerance):
+        if target_logits is None:
+            raise ValueError("verify: lossy acceptance (accept_k > 1, accept_tolerance > 0) needs target_logits")
+        greedy = verify_tolerant(drafts, num_draft, target_logits, target_argmax, bonus, accept_k, accept_tolerance)
+    else:
+        greedy = verify_greedy(drafts, num_draft, target_argmax, bonus)
+    if probs is None:
         return greedy
     sampler = verify_block if mode == "block" else verify_standard
     sampled = sampler(drafts, num_draft, draft_probs, probs, bonus, generators)

@@ -139,7 +139,7 @@ def main() -> None:
             argmax = probs.argmax(-1)
             q = torch.softmax(torch.randn(b, k, args.vocab, device=dev), -1)
             bonus, num = torch.zeros(b, dtype=torch.long, device=dev), torch.full((b,), k, device=dev)
-            g = timed(lambda: verify("standard", argmax, num, None, probs, argmax, bonus,
+            g = timed(lambda: verify("standard", argmax, num, None, None, argmax, bonus,  # all greedy: no probs
                                      torch.ones(b, dtype=torch.bool, device=dev)), dev, False)
             s = timed(lambda: verify("standard", argmax, num, q, probs, argmax, bonus,
                                      torch.zeros(b, dtype=torch.bool, device=dev)), dev, False)

@@ -43,4 +43,5 @@ def test_verify_time(benchmark, mode: str, batch: int, k: int) -> None:
     drafts = argmax.clone()
     q = torch.softmax(torch.randn(batch, k, v), -1) if mode != "greedy" else None
     greedy = torch.full((batch,), mode == "greedy")
+    probs = None if mode == "greedy" else probs  # an all-greedy batch has no sampling distribution (vLLM's all_greedy)
     benchmark(verify, mode, drafts, torch.full((batch,), k), q, probs, argmax, torch.zeros(batch, dtype=torch.long), greedy)

@@ -52,7 +52,8 @@ def test_peagle_series_agree_with_vllm_counters(demo) -> None:
     assert totals["peagle:chosen_k"] >= totals["vllm:spec_decode_num_drafts"]
     assert totals["peagle:fallback_request_steps"] == chosen_k.get("0", 0)
     assert totals["peagle:draft_forward_seconds"] >= totals["peagle:acceptance_length"]
-    assert {(m.labels["model_name"], m.labels["engine"]) for m in ours} == {(str(demo["target"]), "0")}
+    assert {(m.labels["model_name"], m.labels["engine"], m.labels["acceptance"]) for m in ours} == {
+        (str(demo["target"]), "0", "lossless")}
 
 
 def test_per_request_spec_decode_metrics_when_asked(demo) -> None:

@@ -25,10 +25,15 @@ def _pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
 
 
 def test_greedy_drafts_are_the_argmax_mapped_to_target_ids_without_q() -> None:
+    """temperature None (the host knows every request is greedy): no q. A tensor whose rows are all <= 0 is not
+    read back to the host: the same argmax drafts, each with a one-hot q."""
     logits = _logits()
-    for temperature in (None, torch.zeros(3), torch.tensor([0.0, -1.0, 0.0])):
+    greedy = DRAFT_TO_TARGET[logits.argmax(-1)]
+    ids, q = sample_drafts(logits, DRAFT_TO_TARGET, None, target_vocab=V)
+    assert q is None and torch.equal(ids, greedy)
+    for temperature in (torch.zeros(3), torch.tensor([0.0, -1.0, 0.0])):
         ids, q = sample_drafts(logits, DRAFT_TO_TARGET, temperature, target_vocab=V)
-        assert q is None and torch.equal(ids, DRAFT_TO_TARGET[logits.argmax(-1)])
+        assert torch.equal(ids, greedy) and torch.equal(q, torch.nn.functional.one_hot(greedy, V).float())
     ids, q = sample_drafts(logits, None, None)
     assert q is None and torch.equal(ids, logits.argmax(-1)), "one vocabulary: draft ids are target ids"
 

@@ -167,3 +167,14 @@ def test_padded_rows_with_fewer_drafts_never_accept_padding(sampler) -> None:
     res = sampler(drafts, num, q, probs, torch.tensor([7, 7, 7, 7]))
     assert res.num_accepted.tolist() == [6, 3, 1, 0]
     assert res.tokens[1, :4].tolist() == drafts[1, :3].tolist() + [7] and res.tokens[3, 0] == 7
+
+
+def test_top_p_of_one_leaves_a_row_untouched_whatever_the_other_rows_ask() -> None:
+    """top_p 1 is off per row: in a batch where another row uses top-p, the row's distribution is the plain
+    softmax (float32 cumulative mass may round past 1 before the tail; that must not cut the tail)."""
+    one, top_p = torch.ones(2), torch.tensor([0.5, 1.0])
+    for seed in range(10):
+        logits = torch.randn(2, 1000, generator=torch.Generator().manual_seed(seed)) * 3
+        p = target_probs(logits, one, top_p=top_p)
+        assert torch.equal(p[1], logits[1].softmax(-1))
+        assert (p[0] == 0).any(), "the other row is cut"

@@ -50,6 +50,9 @@ def test_all_own_options_are_accepted(make_spec) -> None:
     ({"speculator_options": {"acceptance_warn_below": 2}},
      "speculative_config['speculator_options']['acceptance_warn_below']"),
     ({"speculator_options": {"verfy": "block"}}, "speculative_config['speculator_options']['verfy']"),
+    ({"speculator_options": {"verifier_accept_k": 3, "accept_tolerance": 1.0}},  # lossy: vLLM's sampler verifies
+     "speculative_config['speculator_options']['accept_tolerance']"),
+    ({"speculator_options": {"verifier_accept_k": 0}}, "speculative_config['speculator_options']['verifier_accept_k']"),
     ({"parallel_drafting": True}, "speculative_config['parallel_drafting']"),
     ({"rejection_sample_method": "fly"}, "speculative_config['rejection_sample_method']"),
     ({"rejection_sample_method": "block"}, "speculative_config['rejection_sample_method']"),

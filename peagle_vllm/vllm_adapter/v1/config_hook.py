@@ -4,7 +4,9 @@ A `{"method": "p_eagle", ...}` dict is validated (clear errors naming the field)
 vLLM's `eagle3` + `parallel_drafting` so the scheduler reserves K lookahead slots and the target
 emits its auxiliary hidden states, and the resulting draft config is marked: its architecture
 becomes ours and the mark (`carriers.PEagleMark`: the head config and our options) rides on its
-hf_config into the engine-core and worker processes.
+hf_config into the engine-core and worker processes. Lossy acceptance (`verifier_accept_k` and
+`accept_tolerance`) comes from the speculative config only: a warning when it is on, an info line when
+the checkpoint declares other values (ignored).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import functools
 import os
 
 from peagle_vllm.checkpoint import CheckpointError, read_head_config, read_tensors, validate_weights
-from peagle_vllm.config import METHOD, PEagleConfigError, check_head_fits_target, split_p_eagle_config
+from peagle_vllm.config import (METHOD, TOLERANCE_KEYS, PEagleConfigError, PEagleOptions, check_head_fits_target,
+                                split_p_eagle_config)
+from peagle_vllm.head import HeadConfig
 from peagle_vllm.vllm_adapter.log import logger
 from peagle_vllm.vllm_adapter.model_path import resolve_draft_path
 from peagle_vllm.vllm_adapter.v1.carriers import PEagleMark, set_mark
@@ -24,6 +28,22 @@ def _vllm_spec_keys() -> set[str]:
     from vllm.config.speculative import SpeculativeConfig
 
     return {f.name for f in dataclasses.fields(SpeculativeConfig) if f.init}
+
+
+def log_acceptance(options: PEagleOptions, head: HeadConfig, path: str) -> None:
+    """One warning when acceptance is lossy; one info line when the checkpoint declares acceptance settings
+    other than those in use (they are never taken from it)."""
+    declared = {key: head.extra[key] for key in TOLERANCE_KEYS if key in head.extra}
+    if any(value != getattr(options, key) for key, value in declared.items()):
+        logger.info("p_eagle: %s declares %s; ignored: p_eagle takes verifier_accept_k and accept_tolerance from "
+                    "the speculative config only (in use: %d and %g, lossless unless set there)", path,
+                    ", ".join(f"{key}={value!r}" for key, value in declared.items()),
+                    options.verifier_accept_k, options.accept_tolerance)
+    if options.lossy:
+        logger.warning("p_eagle: LOSSY acceptance (verifier_accept_k=%d, accept_tolerance=%g): a greedy "
+                       "(temperature 0) request may emit a draft that is not the target's argmax, so its output can "
+                       "differ from the target's own; sampled requests stay lossless",
+                       options.verifier_accept_k, options.accept_tolerance)
 
 
 def prepare(user_config: dict, hidden: int, vocab: int, layers: int) -> tuple[dict, PEagleMark]:
@@ -38,6 +58,7 @@ def prepare(user_config: dict, hidden: int, vocab: int, layers: int) -> tuple[di
     validate_weights(head, read_tensors(path, ("mask_hidden", "d2t")), path)
     k = options.num_speculative_tokens or head.trained_depth
     check_head_fits_target(head, path, hidden, vocab, layers, k)
+    log_acceptance(options, head, path)
     if k > head.trained_depth:
         logger.warning("p_eagle: num_speculative_tokens=%d is above the depth %d that %s was trained for; its "
                        "shared mask slot is reused, expect lower acceptance at the extra positions",

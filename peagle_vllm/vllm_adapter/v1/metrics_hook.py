@@ -4,8 +4,9 @@ two always agree. They appear on the server's /metrics and in `LLM.get_metrics()
 vllm/v1/engine/llm_engine.py `get_metrics_snapshot`, which keeps only `vllm:` names). The figures only
 the engine core knows (chosen K, fallbacks, draft time) arrive inside SchedulerStats (see
 scheduler_hook.make_stats) and are taken out in `StatLoggerManager.record`, before vLLM's loggers.
-Each front end's state hangs on its own vLLM loggers: the series carry vLLM's labels (model_name, engine)
-and are registered afresh with each front end's Prometheus logger, as vLLM's own are (a process that
+Each front end's state hangs on its own vLLM loggers: the series carry vLLM's labels (model_name, engine),
+plus `acceptance` ("lossless", or "lossy" under verifier_accept_k/accept_tolerance), and are registered afresh
+with each front end's Prometheus logger, as vLLM's own are (a process that
 builds a second `LLM` reports that engine's figures, not a sum with the first's), and each engine's log
 line reads its own acceptance window and figures."""
 
@@ -21,6 +22,7 @@ from peagle_vllm.vllm_adapter.v1.carriers import is_marked, mark_of, stats_carri
 
 PREFIX = "peagle:"
 STATE_ATTR = "_peagle"  # on vLLM's SpecDecodingProm / SpecDecodingLogging of a p_eagle engine: our state
+ACCEPTANCE_LABEL = "acceptance"  # "lossy" when greedy requests may emit drafts that are not the target's argmax
 
 
 def _unregister_ours() -> None:
@@ -33,7 +35,7 @@ def _unregister_ours() -> None:
 
 
 def _new_series(labelnames: list[str]) -> dict[str, prometheus_client.metrics.MetricWrapperBase]:
-    """Our series, labelled like vLLM's own (model_name, engine), registered afresh."""
+    """Our series, labelled like vLLM's own (model_name, engine) and by acceptance, registered afresh."""
     _unregister_ours()
     buckets = [1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 28, 33]
     c, h = prometheus_client.Counter, prometheus_client.Histogram
@@ -137,8 +139,11 @@ def wrap_prom_init(original):
     def __init__(self, speculative_config, labelnames, per_engine_labelvalues, *args, **kwargs):
         original(self, speculative_config, labelnames, per_engine_labelvalues, *args, **kwargs)
         if speculative_config is not None and is_marked(speculative_config):
-            setattr(self, STATE_ATTR, _PromState(list(labelnames), dict(per_engine_labelvalues),
-                                                 mark_of(speculative_config).options.acceptance_warn_below))
+            options = mark_of(speculative_config).options
+            acceptance = "lossy" if options.lossy else "lossless"
+            values = {idx: [*labels, acceptance] for idx, labels in dict(per_engine_labelvalues).items()}
+            setattr(self, STATE_ATTR, _PromState([*labelnames, ACCEPTANCE_LABEL], values,
+                                                 options.acceptance_warn_below))
 
     return __init__
 

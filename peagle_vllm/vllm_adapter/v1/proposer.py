@@ -71,11 +71,15 @@ class PEagleProposer(EagleProposer):
 
     def _drop_writes_beyond_reservation(self, cad, num_tokens: int, batch_size: int) -> None:
         """Adaptive depth reserves lookahead for each request's own K, so mask slots past a request's
-        blocks have no slot of their own: their KV is not written (their drafts are cut anyway)."""
+        blocks have no slot of their own: their KV is not written (their drafts are cut anyway). The
+        host's block counts reach the device by a non-blocking copy from pinned memory (no sync)."""
         table = self._runner.input_batch.block_table.block_tables[self.kv_cache_gid]
-        blocks = torch.from_numpy(table.num_blocks_per_row[:batch_size].astype("int64"))
+        capacity = torch.from_numpy(table.num_blocks_per_row[:batch_size].astype("int64")) * table.block_size
+        if self.positions.is_cuda:  # a fresh pinned block: the caching host allocator keeps it until copied
+            capacity = capacity.pin_memory()
+        capacity = capacity.to(self.positions.device, non_blocking=True)
         per_request = cad.query_start_loc[1: batch_size + 1] - cad.query_start_loc[:batch_size]
-        beyond = beyond_capacity(self.positions[:num_tokens], per_request, blocks * table.block_size)
+        beyond = beyond_capacity(self.positions[:num_tokens], per_request, capacity)
         cad.slot_mapping[:num_tokens].masked_fill_(beyond, PADDING_SLOT_ID)
 
     def _draft_depth(self) -> int:

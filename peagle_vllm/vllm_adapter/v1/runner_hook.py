@@ -37,8 +37,10 @@ def wrap_init(original):
         self.drafter = PEagleProposer(vllm_config, device, self)
         registry = getattr(self, "jit_warmup_registry", None)
         with registry.activate() if registry is not None else contextlib.nullcontext():
-            self.rejection_sampler = PEagleRejectionSampler(self.sampler, spec, device,
-                                                            verify_mode=mark_of(spec).options.verify)
+            options = mark_of(spec).options
+            self.rejection_sampler = PEagleRejectionSampler(self.sampler, spec, device, verify_mode=options.verify,
+                                                            verifier_accept_k=options.verifier_accept_k,
+                                                            accept_tolerance=options.accept_tolerance)
 
     return __init__
 

@@ -5,7 +5,9 @@ Kept from vLLM: the bonus token from vLLM's own Sampler (so it honours every sam
 seed exactly as plain decoding does), penalties/bad-words/min-tokens on the draft rows, logprobs
 and the output layout. Ours: the processed target distribution (temperature, top-k, top-p in plain
 torch: no crash on CPU; vLLM itself refuses min_p requests under speculation) and greedy/token-wise/
-block acceptance, lossless on CPU and GPU.
+block acceptance, lossless on CPU and GPU; opt-in lossy acceptance of greedy requests' drafts
+(`verifier_accept_k` / `accept_tolerance`, `verify.within_tolerance`). The [B, K] layout is built from
+vLLM's device-side cu_num_draft_tokens: no host list is copied to the device per step.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 from vllm.v1.outputs import SamplerOutput
 from vllm.v1.sample.rejection_sampler import RejectionSampler
 
-from peagle_vllm.verify import target_probs, verify
+from peagle_vllm.verify import is_lossy, target_probs, verify
 
 
 def _per_draft(x: torch.Tensor | None, num_draft: torch.Tensor, rows: int) -> torch.Tensor | None:
@@ -31,9 +33,12 @@ def _pad(flat: torch.Tensor, index: torch.Tensor, valid: torch.Tensor) -> torch.
 
 
 class PEagleRejectionSampler(RejectionSampler):
-    def __init__(self, sampler, spec_config, device, verify_mode: str = "auto") -> None:
+    def __init__(self, sampler, spec_config, device, verify_mode: str = "auto", verifier_accept_k: int = 1,
+                 accept_tolerance: float = 0.0) -> None:
         super().__init__(sampler, spec_config, device)
         self.verify_mode = verify_mode
+        self.accept_k, self.accept_tolerance = verifier_accept_k, accept_tolerance
+        self.lossy = is_lossy(verifier_accept_k, accept_tolerance)
 
     def forward(self, metadata, draft_probs, logits, sampling_metadata) -> SamplerOutput:
         k = metadata.max_spec_len
@@ -51,9 +56,10 @@ class PEagleRejectionSampler(RejectionSampler):
         # Processors edit in place; raw logits are needed again only for raw logprobs.
         keep_raw = sampling_metadata.max_num_logprobs is not None and not self.is_processed_logprobs_mode
         processed = self.apply_logits_processors(raw.clone() if keep_raw else raw, sampling_metadata, metadata)
-        # [B, K] layout of the flat draft rows.
-        num_draft = torch.tensor(metadata.num_draft_tokens, device=dev)
-        starts = metadata.cu_num_draft_tokens.long() - num_draft
+        # [B, K] layout of the flat draft rows, from the device's cumulative counts [B].
+        ends = metadata.cu_num_draft_tokens.long()
+        starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+        num_draft = ends - starts
         cols = torch.arange(k, device=dev)
         index = starts.unsqueeze(1) + cols
         valid = cols < num_draft.unsqueeze(1)
@@ -70,8 +76,9 @@ class PEagleRejectionSampler(RejectionSampler):
                                       _per_draft(sampling_metadata.top_k, num_draft, rows),
                                       _per_draft(sampling_metadata.top_p, num_draft, rows)), index, valid)
             q = None if draft_probs is None else _pad(draft_probs, index, valid)
+        target_logits = _pad(processed, index, valid) if self.lossy else None  # [B, K, V]
         result = verify(self.verify_mode, drafts, num_draft, q, probs, argmax, bonus, is_greedy,
-                        sampling_metadata.generators)
+                        sampling_metadata.generators, self.accept_k, self.accept_tolerance, target_logits)
         output = result.tokens.to(torch.int32)
         logprobs = None
         if sampling_metadata.max_num_logprobs is not None:

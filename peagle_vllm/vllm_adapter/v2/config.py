@@ -4,7 +4,7 @@ Registered with `register_speculative_method("p_eagle", ...)` (see `v2.install`)
 module it is imported in every process and must not import the speculator (`v2.speculator`).
 
 Rules:
-- p_eagle's own keys (verify, adaptive, min_k, acceptance_warn_below) go in `speculator_options`, the field
+- p_eagle's own keys (verify, adaptive, min_k, acceptance_warn_below, ...) go in `speculator_options`, the field
   vLLM 0.34 gives custom speculators; they are validated by the core's `split_p_eagle_config`, and an error
   names the field as the user wrote it, e.g. `speculative_config['speculator_options']['verify']`.
 - vLLM fields that conflict with p_eagle are refused with one line naming the field and the fix
@@ -17,7 +17,8 @@ Rules:
   auxiliary hidden states, and the prefix-cache trailing-block drop, since a context row's draft KV depends on
   the next token); `parallel_drafting = True` tells code outside the speculator that all K drafts come from one
   forward.
-- refused: a head with more than one decoder layer (the speculator stores context K/V without running
+- refused: lossy acceptance (verifier_accept_k > 1 with accept_tolerance > 0: vLLM's own rejection sampler
+  verifies here), a head with more than one decoder layer (the speculator stores context K/V without running
   attention over the context), data parallelism, and draft decode context parallelism.
 """
 
@@ -83,6 +84,10 @@ def refuse_conflicting_fields(spec: SpeculativeConfig, options: PEagleOptions) -
     for name, (default, fix) in REFUSED_FIELDS.items():
         if getattr(spec, name, default) != default:
             raise PEagleConfigError(f"{_field(name)} cannot be used with p_eagle: {fix}")
+    if options.lossy:
+        raise PEagleConfigError(f"{_field('accept_tolerance', own=True)} > 0 with verifier_accept_k > 1 (lossy "
+                                "acceptance) needs p_eagle's own sampler, which vLLM 0.34's V2 runner does not run: "
+                                "drop both keys (or use vLLM 0.32/0.33)")
     method = spec.rejection_sample_method
     if method not in ("standard", REJECTION_METHOD[options.verify]):
         raise PEagleConfigError(f"{_field('rejection_sample_method')} is {method!r}: p_eagle verifies losslessly "

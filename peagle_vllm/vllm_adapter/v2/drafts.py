@@ -32,7 +32,9 @@ def draft_block(logits: torch.Tensor, draft_to_target: torch.Tensor | None, temp
     """logits [B, K, Vd] (draft vocabulary), temperature [B] -> (drafts [B, K] target ids, q [B, K, V] or None
     when every request is greedy, the rounded draft logits [B, K, Vd] to cache)."""
     rounded = logits.to(cache_dtype)
-    drafts, q = sample_drafts(rounded.float(), draft_to_target, temperature, None, target_vocab)
+    # vLLM 0.34's V2 runner has no host-side all-greedy flag: one read here spares an all-greedy batch q [B, K, V]
+    sampled = temperature if bool((temperature > 0).any()) else None
+    drafts, q = sample_drafts(rounded.float(), draft_to_target, sampled, None, target_vocab)
     return drafts, q, rounded
 
 
