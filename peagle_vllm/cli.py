@@ -175,7 +175,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     rows = run_bench(Path(args.target).resolve(), Path(args.out), ks, concurrencies, temperatures,
                      args.max_tokens or (64 if quick else 128), args.modes, args.adaptive_k,
                      tuple(args.interface or (["offline"] if quick else ["offline", "served"])), args.rounds,
-                     args.range_ratio, args.top_p)
+                     args.range_ratio, args.top_p, args.prompts)
     print(markdown_table(rows))
     print(adaptive_summary(rows))
     print(f"written: {args.out}/bench.md, bench.json, speedup_vs_k.png, per_position_acceptance.png")
@@ -258,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--target", default=str(DEMO_TARGET), help="a shipped target (its shipped heads are used)")
     b.add_argument("--top-p", type=float, default=0.9, help="top-p of the sampled (T > 0) cells")
     b.add_argument("--out", default="bench-results")
+    b.add_argument("--prompts", type=int, default=16, help="held-out prompts per cell (concurrent cells send at least "
+                   "2 per slot)")
     b.add_argument("--k", type=int, nargs="*")
     b.add_argument("--concurrency", type=int, nargs="*")
     b.add_argument("--temperature", type=float, nargs="*")

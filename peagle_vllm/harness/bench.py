@@ -113,7 +113,7 @@ def _measure(llm, prompts: list[str], concurrency: int, max_tokens: int, tempera
 def run_bench(target: Path, out_dir: Path, ks: list[int], concurrencies: list[int], temperatures: list[float],
               max_tokens: int, modes: list[str] | None = None, adaptive_ks: list[int] | None = None,
               interfaces: tuple[str, ...] = ("offline",), rounds: int = 1, range_ratio: float = 0.0,
-              top_p: float = 1.0) -> list[dict]:
+              top_p: float = 1.0, prompt_count: int = 16) -> list[dict]:
     """Every chosen mode at every K (adaptive modes at `adaptive_ks`, their K_max, when given),
     concurrency and temperature (sampled cells with `top_p`), offline (`LLM`) and/or served (HTTP
     streaming), `rounds` times, requests emitting `output_lengths` tokens, on the target's held-out
@@ -123,7 +123,7 @@ def run_bench(target: Path, out_dir: Path, ks: list[int], concurrencies: list[in
     from peagle_vllm.harness.bench_served import run_mode
 
     set_cpu_defaults()
-    prompts = eval_prompts(target, 16, seed=1)
+    prompts = eval_prompts(target, prompt_count, seed=1)
     chosen = [m for m in MODES if not modes or m.name in modes]
 
     def mode_ks(m: Mode) -> list[int]:

@@ -115,7 +115,11 @@ class PEagleDraftModel(nn.Module):
         return torch.arange(self.cfg.draft_vocab_size, device=self.d2t.device) + self.d2t
 
     def embed_input_ids(self, input_ids: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        return self.model.embed_tokens(input_ids)
+        # The target's embedding, when shared, is LoRA-wrapped under enable_lora: its wrapper indexes the
+        # target batch's LoRA mapping, not the draft's slots. Drafts read the base embedding (an adapter's
+        # embedding delta only changes what is proposed; verification by the adapted target stays exact).
+        embed = self.model.embed_tokens
+        return getattr(embed, "base_layer", embed)(input_ids)
 
     def combine_hidden_states(self, aux: torch.Tensor) -> torch.Tensor:
         """[N, num_aux*Ht] concatenated target states -> [N, H] (fc, per-chunk norms when trained so)."""
@@ -131,7 +135,7 @@ class PEagleDraftModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor,
                 inputs_embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         self.num_forwards += 1
-        embeds = inputs_embeds if inputs_embeds is not None else self.model.embed_tokens(input_ids)
+        embeds = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
         hidden, residual = hidden_states, None
         for layer in self.model.layers:
             hidden, residual = layer(positions, embeds, hidden, residual)
