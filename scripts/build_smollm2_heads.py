@@ -29,11 +29,14 @@ RECIPE = dict(k=16, steps=384, batch_size=8, seq_len=384, lr=2e-3, warmup=20, dr
               share_embeddings=True, checkpoint_every=16)
 
 
-def _record(work: Path, phase: str, seconds: float, **extra) -> None:
+def _record(work: Path, phase: str, seconds: float, accumulate: bool = False, **extra) -> None:
+    """One entry per phase in work/phases.json: replaced, or with `accumulate` its seconds added to (a resumed
+    phase that only measures its own call)."""
     path = work / "phases.json"
-    phases = json.loads(path.read_text()) if path.exists() else []
-    phases.append({"phase": phase, "seconds": round(seconds, 1), **extra})
-    path.write_text(json.dumps(phases, indent=1))
+    phases = {p["phase"]: p for p in json.loads(path.read_text())} if path.exists() else {}
+    before = phases.get(phase, {}).get("seconds", 0.0) if accumulate else 0.0
+    phases[phase] = {"phase": phase, "seconds": round(before + seconds, 1), **extra}
+    path.write_text(json.dumps(list(phases.values()), indent=1))
 
 
 def _plot(models: Path) -> None:
@@ -83,14 +86,12 @@ def main() -> None:
     aux = default_aux_layers(json.loads((TARGET / "config.json").read_text())["num_hidden_layers"])
     t0 = time.time()
     capture_conversations(str(TARGET), read_conversations(data), cache_dir_for(data, aux), aux)
-    _record(args.work, "capture", time.time() - t0)
+    _record(args.work, "capture", time.time() - t0, accumulate=True)
     for name in args.heads:
         run = args.work / name
         recipe = TrainRecipe(target=str(TARGET), data=str(data), out=str(run), variant=HEADS[name], **RECIPE)
-        t0 = time.time()
         last = train(recipe, resume=run.exists())
-        _record(args.work, name, time.time() - t0, tokens=last["tokens"], steps=last["step"],
-                training_seconds=last["seconds"])
+        _record(args.work, name, last["seconds"], tokens=last["tokens"], steps=last["step"])
         shutil.rmtree(args.models / name, ignore_errors=True)
         shutil.copytree(run, args.models / name, ignore=shutil.ignore_patterns(STATE_DIR))
         _plot(args.models)
