@@ -1,0 +1,95 @@
+"""SmolLM2-135M-Instruct, the real demo target: the conversion (vLLM's greedy output equals transformers'),
+greedy output with its shipped depth head identical to plain decoding offline, one served streaming chat
+request, and the one-line errors for a missing or corrupt conversion."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from peagle_vllm.harness.prompts import eval_prompts
+from peagle_vllm.harness.real_target import DEFAULT_DIR, RealTargetError, check_converted
+from peagle_vllm.harness.runs import generate
+from peagle_vllm.harness.server_process import ServerConfig, running_server
+
+REPO = Path(__file__).resolve().parents[2]
+DRAFT = REPO / "models" / "smollm2-peagle-depth"
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    try:
+        return check_converted(DEFAULT_DIR)
+    except RealTargetError as exc:
+        pytest.fail(str(exc))
+
+
+def test_vllm_greedy_equals_transformers_greedy_on_the_converted_model(smollm2: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    prompts = eval_prompts(smollm2, 8)
+    vllm_ids = generate(str(smollm2), None, prompts, 32).token_ids
+    tokenizer = AutoTokenizer.from_pretrained(smollm2)
+    model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
+    for prompt, ids in zip(prompts, vllm_ids):
+        inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+        with torch.no_grad():
+            out = model.generate(**inputs, max_new_tokens=32, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+        expected = out[0, inputs["input_ids"].shape[1]:].tolist()
+        assert ids == expected[:len(ids)] and len(ids) == len(expected), (prompt, ids, expected)
+
+
+def test_p_eagle_greedy_output_is_identical_to_plain_decoding(smollm2: Path) -> None:
+    prompts = eval_prompts(smollm2, 4, seed=1)
+    plain = generate(str(smollm2), None, prompts, 64)
+    ours = generate(str(smollm2), {"method": "p_eagle", "model": str(DRAFT), "num_speculative_tokens": 8,
+                                   "adaptive": False}, prompts, 64)
+    assert ours.token_ids == plain.token_ids
+    assert ours.spec.acceptance_length > 1.25  # the trained head drafts and is accepted (an untrained one: ~1.0)
+
+
+def test_served_streaming_chat_matches_offline(smollm2: Path, tmp_path: Path) -> None:
+    from openai import OpenAI
+
+    message = "Write a Python function that reverses a string."
+    [prompt] = eval_prompts(smollm2, prompts_file=_messages(tmp_path, [message]))
+    offline = generate(str(smollm2), None, [prompt], 48)
+    spec = {"method": "p_eagle", "model": str(DRAFT), "num_speculative_tokens": 8}
+    with running_server(ServerConfig(smollm2, tmp_path / "server.log", max_model_len=1024,
+                                     speculative_config=spec)) as server:
+        client = OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        chunks = list(client.chat.completions.create(model="demo", messages=[{"role": "user", "content": message}],
+                                                      max_tokens=48, temperature=0, stream=True,
+                                                      stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    from transformers import AutoTokenizer
+
+    assert len(chunks) > 3 and chunks[-1].usage.completion_tokens == len(offline.token_ids[0])
+    assert text == AutoTokenizer.from_pretrained(smollm2).decode(offline.token_ids[0], skip_special_tokens=True)
+
+
+def _messages(tmp_path: Path, messages: list[str]) -> Path:
+    import json
+
+    path = tmp_path / "messages.json"
+    path.write_text(json.dumps(messages))
+    return path
+
+
+def test_a_missing_or_corrupt_conversion_is_one_line_naming_the_file(smollm2: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "SmolLM2-135M-Instruct"
+    shutil.copytree(smollm2, broken, ignore=shutil.ignore_patterns("model.safetensors"))
+    with pytest.raises(RealTargetError, match=r"model\.safetensors is missing: rerun `bash scripts/setup.sh`"):
+        check_converted(broken)
+    (broken / "model.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(RealTargetError, match=r"model\.safetensors is corrupt .*rerun `bash scripts/setup.sh`"):
+        check_converted(broken)
+    run = subprocess.run([sys.executable, "-m", "peagle_vllm.cli", "demo", "--target", str(tmp_path / "absent")],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
+    assert "absent" in run.stderr and "setup.sh" in run.stderr
