@@ -165,6 +165,14 @@ def cmd_distill(args: argparse.Namespace) -> None:
     print(json.dumps({"out": str(Path(args.out).resolve()), **record}))
 
 
+def _mode_ks(text: str) -> tuple[str, list[int]]:
+    mode, _, ks = text.partition("=")
+    try:
+        return mode, [int(k) for k in ks.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--mode-k {text!r}: write MODE=K,K (e.g. vllm-eagle3=1,2)") from None
+
+
 def cmd_bench(args: argparse.Namespace) -> None:
     from peagle_vllm.harness.bench import adaptive_summary, markdown_table, run_bench
 
@@ -175,7 +183,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     rows = run_bench(Path(args.target).resolve(), Path(args.out), ks, concurrencies, temperatures,
                      args.max_tokens or (64 if quick else 128), args.modes, args.adaptive_k,
                      tuple(args.interface or (["offline"] if quick else ["offline", "served"])), args.rounds,
-                     args.range_ratio, args.top_p, args.prompts)
+                     args.range_ratio, args.top_p, args.prompts, dict(args.mode_k or []))
     print(markdown_table(rows))
     print(adaptive_summary(rows))
     print(f"written: {args.out}/bench.md, bench.json, speedup_vs_k.png, per_position_acceptance.png")
@@ -273,6 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rounds", type=int, default=1, help="measure every cell this many times, modes taking turns "
                    "(offline: all engines of a concurrency built at once; served: a fresh server per round); report the "
                    "median and the spread")
+    b.add_argument("--mode-k", type=_mode_ks, nargs="*", metavar="MODE=K,K",
+                   help="the Ks of one mode, instead of --k (e.g. vllm-eagle3=1,2)")
     b.add_argument("--modes", nargs="*", help="subset of: no-spec vllm-eagle3 vllm-parallel p_eagle-standard "
                    "p_eagle-depth p_eagle-depth-adaptive")
     b.set_defaults(func=cmd_bench)

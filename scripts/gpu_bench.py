@@ -5,6 +5,13 @@ each beside its roofline floor (bytes moved / bandwidth, FLOPs / peak).
 
     python scripts/gpu_bench.py                 # H100/H200-sized defaults, CUDA graphs
     python scripts/gpu_bench.py --device cpu --hidden 256 --vocab 4096 --draft-vocab 2048 --batches 1 4 --context 256
+
+`python scripts/gpu_bench.py engine` measures whole engines instead (needs vLLM; `peagle_vllm/harness/engine_bench.py`):
+p_eagle against vLLM's own speculative methods and no speculation on a random-weight target of real shape,
+with forced acceptance (`--forced`) or random heads:
+
+    python scripts/gpu_bench.py engine --shape llama-3.1-8b --forced --out gpu-bench   # ~5 min on one H100/H200
+    python scripts/gpu_bench.py engine --shape tiny --ks 4 --concurrency 1 4 --tokens 32 --dtype float32   # CPU check
 """
 
 from __future__ import annotations
@@ -147,5 +154,42 @@ def main() -> None:
             print(f"| {b} x {k} | {g * 1e3:.3f} | {s * 1e3:.3f} | {2 * b * k * args.vocab * 4 / bw * 1e3:.3f} |")
 
 
+def engine_main(argv: list[str]) -> None:
+    import json
+    import os
+    import tempfile
+
+    p = argparse.ArgumentParser(prog="gpu_bench.py engine")
+    p.add_argument("--shape", default="llama-3.1-8b", help="llama-3.1-8b | llama-3.2-1b | tiny")
+    p.add_argument("--ks", type=int, nargs="*", default=[4, 8, 16, 32])
+    p.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 64])
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--forced", action="store_true", help="zero the output layers: every draft accepted")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--out", type=Path, help="directory for bench.json and bench.md")
+    args = p.parse_args(argv)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process (--forced reaches it)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from peagle_vllm.harness.engine_bench import markdown, run
+    from peagle_vllm.harness.runs import set_cpu_defaults
+    from peagle_vllm.vllm_adapter.version import adapter_line, installed_vllm_version
+
+    if not torch.cuda.is_available():
+        set_cpu_defaults()  # a small KV cache instead of a share of the machine's memory
+    line = adapter_line(installed_vllm_version())
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = run(Path(tmp), args.shape, line, args.ks, args.concurrency, args.tokens, args.forced, args.dtype)
+    table = markdown(rows)
+    print(table)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench.json").write_text(json.dumps({"shape": args.shape, "vllm_line": line, "forced": args.forced,
+                                                         "rows": rows}, indent=1))
+        (args.out / "bench.md").write_text(table)
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["engine"]:
+        engine_main(sys.argv[2:])
+    else:
+        main()

@@ -113,11 +113,12 @@ def _measure(llm, prompts: list[str], concurrency: int, max_tokens: int, tempera
 def run_bench(target: Path, out_dir: Path, ks: list[int], concurrencies: list[int], temperatures: list[float],
               max_tokens: int, modes: list[str] | None = None, adaptive_ks: list[int] | None = None,
               interfaces: tuple[str, ...] = ("offline",), rounds: int = 1, range_ratio: float = 0.0,
-              top_p: float = 1.0, prompt_count: int = 16) -> list[dict]:
-    """Every chosen mode at every K (adaptive modes at `adaptive_ks`, their K_max, when given),
-    concurrency and temperature (sampled cells with `top_p`), offline (`LLM`) and/or served (HTTP
-    streaming), `rounds` times, requests emitting `output_lengths` tokens, on the target's held-out
-    prompts with its shipped heads (`HEADS`); rows with raw figures (medians over the rounds) and ratios."""
+              top_p: float = 1.0, prompt_count: int = 16, mode_ks: dict[str, list[int]] | None = None) -> list[dict]:
+    """Every chosen mode at every K (adaptive modes at `adaptive_ks`, their K_max, when given; `mode_ks`:
+    the Ks of the modes it names), concurrency and temperature (sampled cells with `top_p`), offline (`LLM`)
+    and/or served (HTTP streaming), `rounds` times, requests emitting `output_lengths` tokens, on the
+    target's held-out prompts with its shipped heads (`HEADS`); rows with raw figures (medians over the
+    rounds) and ratios."""
     from tqdm import tqdm
 
     from peagle_vllm.harness.bench_served import run_mode
@@ -126,12 +127,14 @@ def run_bench(target: Path, out_dir: Path, ks: list[int], concurrencies: list[in
     prompts = eval_prompts(target, prompt_count, seed=1)
     chosen = [m for m in MODES if not modes or m.name in modes]
 
-    def mode_ks(m: Mode) -> list[int]:
+    def ks_of(m: Mode) -> list[int]:
         if m.head is None:
             return [0]
+        if mode_ks and m.name in mode_ks:
+            return mode_ks[m.name]
         return adaptive_ks if adaptive_ks and "adaptive" in m.name else ks
 
-    jobs = [(m, k) for m in chosen for k in mode_ks(m)]
+    jobs = [(m, k) for m in chosen for k in ks_of(m)]
     rows: list[dict] = []
     bar = tqdm(total=len(jobs) * len(concurrencies) * len(temperatures) * len(interfaces) * rounds, desc="bench")
 

@@ -8,7 +8,7 @@ each phase timed inside the engine by wrappers installed before it starts (in-pr
 - our hooks: every patch of `vllm_adapter/v1/patches.py` is timed twice, around our replacement and around
   vLLM's original inside it; the difference is our code's own time.
 Phases nest (a hook runs inside a vLLM phase), so the table is read per row, not summed; "step" is the whole
-`EngineCore.step`. Use `peagle-vllm profile-step` (or `python -m peagle_vllm.harness.profile_step`).
+`EngineCore.step`. Run `python -m peagle_vllm.harness.profile_step --target DIR [--speculative-config JSON]`.
 """
 
 from __future__ import annotations
