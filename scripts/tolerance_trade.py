@@ -174,7 +174,7 @@ def main() -> None:
                         sum(map(parses, blocks)) / len(blocks) if blocks else None, len(blocks)))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    header = (f"target {args.target}, head {args.draft}, K={args.k}, {len(prompts)} prompts ({len(code)} asking for "
+    header = (f"target {Path(args.target).name}, head {Path(args.draft).name}, K={args.k}, {len(prompts)} prompts ({len(code)} asking for "
               f"Python), {args.max_tokens} tokens, greedy\n\n")
     (out / "tolerance_trade.md").write_text(header + table(rows))
     (out / "tolerance_trade.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
