@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 REPO = Path(__file__).resolve().parent.parent
 DEMO_TARGET = REPO / "models" / "demo-target"
 DEMO_DRAFT = REPO / "models" / "demo-peagle-depth"
+SMOLLM2_DRAFT = REPO / "models" / "smollm2-peagle-depth"
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -39,3 +40,17 @@ def demo() -> dict[str, Path]:
     if not (DEMO_TARGET / "config.json").exists() or not (DEMO_DRAFT / "config.json").exists():
         pytest.fail("the shipped demo models are missing: run `python scripts/build_demo_models.py`")
     return {"target": DEMO_TARGET, "draft": DEMO_DRAFT}
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """The converted SmolLM2-135M-Instruct (made by scripts/setup.sh), its shipped depth head present."""
+    from peagle_vllm.harness.real_target import DEFAULT_DIR, RealTargetError, check_converted
+
+    try:
+        target = check_converted(DEFAULT_DIR)
+    except RealTargetError as exc:
+        pytest.fail(str(exc))
+    if not (SMOLLM2_DRAFT / "config.json").exists():
+        pytest.fail(f"{SMOLLM2_DRAFT} is missing: run `python scripts/build_smollm2_heads.py`")
+    return target

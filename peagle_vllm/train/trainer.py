@@ -22,8 +22,8 @@ import torch
 
 from peagle_vllm.checkpoint import save_head
 from peagle_vllm.head import HeadConfig, PEagleHead
-from peagle_vllm.train.capture import CapturedConversations, cache_dir_for, capture_conversations, capture_states
-from peagle_vllm.train.data import (WindowSampler, is_conversation_dir, load_token_stream,
+from peagle_vllm.train.capture import CapturedConversations, cache_dir_for, capture_conversations
+from peagle_vllm.train.data import (WindowSampler, capture, is_conversation_dir, load_token_stream,
                                     read_conversations, self_distill)
 from peagle_vllm.train.layout import SlotLayout, build_layout
 from peagle_vllm.train.objective import draft_vocabulary, kl_at_positions
@@ -59,7 +59,6 @@ class TrainRecipe:
     checkpoint_every: int = 50
     mask_token_id: int | None = None  # None: the tokenizer's mask token, else its unk, pad or eos token
     share_embeddings: bool = False  # keep the target's embeddings frozen and leave them out of the export
-    feature_loss: float = 0.0  # weight of the smooth-L1 regression onto the target's final normed states
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
@@ -115,24 +114,16 @@ def head_inputs(head: PEagleHead, layout: SlotLayout, ids: torch.Tensor, aux: to
 
 
 def step_loss(head: PEagleHead, layout: SlotLayout, ids: torch.Tensor, aux: torch.Tensor, logits: torch.Tensor,
-              loss_mask: torch.Tensor | None = None, final: torch.Tensor | None = None,
-              feature_weight: float = 0.0) -> tuple[torch.Tensor, dict[int, float]]:
-    """Per-depth mean loss, depth d weighted by DEPTH_DECAY**d (acceptance at depth d needs every shallower
+              loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[int, float]]:
+    """Per-depth mean KL, depth d weighted by DEPTH_DECAY**d (acceptance at depth d needs every shallower
     draft accepted first, so early depths matter most); also top-1 agreement with the target per depth.
-    A slot's loss is KL(target || draft), plus `feature_weight` x smooth-L1 between the head's final normed
-    state and the target's at the same position (EAGLE's feature regression: a dense signal per slot that
-    the target's own output layer, which the head starts from, turns into the target's distribution).
 
     ids [B, T], aux [B, T, 3*Ht], logits [B, T, Vd]: the target's logits over the draft vocabulary;
-    loss_mask [B, T] (None: all): which positions' distributions are labels; final [B, T, Ht]: the target's
-    final normed states (needed when feature_weight > 0)."""
+    loss_mask [B, T] (None: all): which positions' distributions are labels."""
     slot_ids, hidden, positions = head_inputs(head, layout, ids, aux)
     normed, _ = head(slot_ids, hidden, positions, layout.attend.unsqueeze(0))
     draft = head.draft_logits(normed)  # [B, S, Vd]
     kl = kl_at_positions(draft, logits, layout.target_index)  # [B, S]
-    if feature_weight:
-        feature = torch.nn.functional.smooth_l1_loss(normed, final[:, layout.target_index], reduction="none")
-        kl = kl + feature_weight * feature.mean(-1)
     agree = (draft.argmax(-1) == logits.argmax(-1)[:, layout.target_index]).float()
     valid = (torch.ones_like(kl, dtype=torch.bool) if loss_mask is None else loss_mask[:, layout.target_index]).float()
     losses, weights, accuracy = [], [], {}
@@ -160,16 +151,15 @@ class WindowBatches:
             if recipe.self_distill else None
         self.target, self.recipe, self.rng, self.vocab = target, recipe, rng, vocab
 
-    def batch(self, step: int) -> tuple:
-        """(ids [B, T], aux [B, T, 3*Ht], logits over the draft vocabulary [B, T, Vd], loss mask or None,
-        the target's final normed states [B, T, Ht])."""
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(ids [B, T], aux [B, T, 3*Ht], logits over the draft vocabulary [B, T, Vd], loss mask or None)."""
         dev = self.vocab.device
         if self.pool is not None:
             ids = self.pool[torch.from_numpy(self.rng.integers(0, len(self.pool), self.recipe.batch_size))].to(dev)
         else:
             ids = self.sampler.batch(self.recipe.batch_size).to(dev)
-        aux, final = capture_states(self.target, ids, self.recipe.aux_layer_ids)
-        return ids, aux, final @ self.target.get_output_embeddings().weight[self.vocab].T, None, final
+        aux, logits = capture(self.target, ids, self.recipe.aux_layer_ids)
+        return ids, aux, logits[..., self.vocab], None
 
 
 class ConversationBatches:
@@ -179,11 +169,10 @@ class ConversationBatches:
         self.captured = captured
         self.lm_head = lm_head[vocab].float()  # [Vd, Ht]: the target's output rows of the draft vocabulary
 
-    def batch(self, step: int) -> tuple:
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         b = self.captured.batch(step)
         dev = self.lm_head.device
-        final = b.final.to(dev)
-        return b.ids.to(dev), b.aux.to(dev), final @ self.lm_head.T, b.loss_mask.to(dev), final
+        return b.ids.to(dev), b.aux.to(dev), b.final.to(dev) @ self.lm_head.T, b.loss_mask.to(dev)
 
 
 def distill_pool(target, sampler: WindowSampler, recipe: TrainRecipe, cache: Path, log) -> torch.Tensor:
@@ -293,11 +282,11 @@ def train(recipe: TrainRecipe, resume: bool = False, log=print) -> dict:
         lr = recipe.lr * min(1.0, (step + 1) / recipe.warmup) * 0.5 * (1 + np.cos(np.pi * step / recipe.steps))
         for g in opt.param_groups:
             g["lr"] = lr
-        ids, aux_states, logits, loss_mask, final = source.batch(step)
+        ids, aux_states, logits, loss_mask = source.batch(step)
         layout = build_layout(ids.shape[1], 1 if recipe.variant == "eagle3" else recipe.k, recipe.cod_rate,
                               recipe.cod_min, generator=gen)
         layout = SlotLayout(layout.anchor.to(dev), layout.depth.to(dev), layout.attend.to(dev))
-        loss, accuracy = step_loss(head, layout, ids, aux_states, logits, loss_mask, final, recipe.feature_loss)
+        loss, accuracy = step_loss(head, layout, ids, aux_states, logits, loss_mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)

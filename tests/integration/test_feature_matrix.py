@@ -19,7 +19,6 @@ import pytest
 
 from peagle_vllm.harness.feature_matrix import KINDS, messages_for, structured_outputs
 from peagle_vllm.harness.prompts import EVAL_PROMPTS, chat_prompts, read_user_messages
-from peagle_vllm.harness.real_target import DEFAULT_DIR, RealTargetError, check_converted
 from peagle_vllm.harness.runs import close_llm, make_llm, request_spec_figures
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,17 +31,6 @@ SMALL_BLOCKS = 5  # the small engine's usable KV cache: 640 tokens (vLLM keeps o
 
 pytestmark = pytest.mark.timeout(900)
 ACCEPTANCE: dict[str, float] = {}
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> Path:
-    try:
-        target = check_converted(DEFAULT_DIR)
-    except RealTargetError as exc:
-        pytest.fail(str(exc))
-    if not (DRAFT / "config.json").exists():
-        pytest.fail(f"{DRAFT} is missing: run `python scripts/build_smollm2_heads.py`")
-    return target
 
 
 @pytest.fixture(scope="module")

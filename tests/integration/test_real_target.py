@@ -12,20 +12,12 @@ from pathlib import Path
 import pytest
 
 from peagle_vllm.harness.prompts import eval_prompts
-from peagle_vllm.harness.real_target import DEFAULT_DIR, RealTargetError, check_converted
+from peagle_vllm.harness.real_target import RealTargetError, check_converted
 from peagle_vllm.harness.runs import generate
 from peagle_vllm.harness.server_process import ServerConfig, running_server
 
 REPO = Path(__file__).resolve().parents[2]
 DRAFT = REPO / "models" / "smollm2-peagle-depth"
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> Path:
-    try:
-        return check_converted(DEFAULT_DIR)
-    except RealTargetError as exc:
-        pytest.fail(str(exc))
 
 
 def test_vllm_greedy_equals_transformers_greedy_on_the_converted_model(smollm2: Path) -> None:

@@ -13,7 +13,6 @@ import pytest
 
 from peagle_vllm.harness.feature_matrix import KINDS, messages_for
 from peagle_vllm.harness.prompts import EVAL_PROMPTS, read_user_messages
-from peagle_vllm.harness.real_target import DEFAULT_DIR, RealTargetError, check_converted
 from peagle_vllm.harness.server_process import ServerConfig, Server, running_servers, scrape_metrics, wait_until_idle
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,14 +35,9 @@ pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory) -> tuple[Server, Server]:
+def servers(smollm2, tmp_path_factory) -> tuple[Server, Server]:
     """(p_eagle, plain), started together."""
-    try:
-        target = check_converted(DEFAULT_DIR)
-    except RealTargetError as exc:
-        pytest.fail(str(exc))
-    if not (DRAFT / "config.json").exists():
-        pytest.fail(f"{DRAFT} is missing: run `python scripts/build_smollm2_heads.py`")
+    target = smollm2
     logs = tmp_path_factory.mktemp("feature-matrix")
     with running_servers(ServerConfig(target, logs / "p_eagle.log", max_model_len=1024, speculative_config=SPEC,
                                       extra_args=TOOL_FLAGS),
