@@ -176,6 +176,12 @@ def _mode_ks(text: str) -> tuple[str, list[int]]:
 def cmd_bench(args: argparse.Namespace) -> None:
     from peagle_vllm.harness.bench import adaptive_summary, markdown_table, run_bench
 
+    from peagle_vllm.harness.bench import MODES
+
+    unknown = sorted({mode for mode, _ in args.mode_k or []} - {m.name for m in MODES})
+    if unknown:
+        raise SystemExit(f"peagle-vllm bench: --mode-k names unknown modes {', '.join(unknown)}: use one of "
+                         + ", ".join(m.name for m in MODES))
     quick = args.quick
     ks = args.k or ([4, 8] if quick else [1, 2, 4, 8, 16])
     concurrencies = args.concurrency or ([1, 4] if quick else [1, 4, 16])
