@@ -6,6 +6,10 @@ Target distributions are the *processed* ones (temperature, min-p, top-k, top-p 
 `target_probs`), so the emitted tokens follow exactly what plain sampling would draw. The bonus
 token (all drafts accepted) is supplied by the caller, sampled from the target's last row.
 
+Target and draft distributions are [B, K, V] tensors or `PositionDists`, which serve them a position (or a
+row per request) at a time: at K=32 and a 128k vocabulary, [B, K, V] float32 is gigabytes the sampler never
+holds at once (see `vllm_adapter.v1.sampler`).
+
 Opt-in lossy acceptance for greedy rows (speculators' `verifier_accept_k` / `accept_tolerance`):
 `within_tolerance`; sampled rows always stay lossless. Nothing here reads a device tensor back to the
 host: per-row options are masks, and only host facts (shapes, Python arguments) choose branches.
@@ -14,10 +18,47 @@ host: per-row options are masks, and only host facts (shapes, Python arguments) 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 PLACEHOLDER = -1
+
+
+class PositionDists(Protocol):
+    """Distributions [B, K, V] over a padded [B, K] draft layout, served a piece at a time."""
+
+    vocab: int
+
+    def position(self, i: int) -> torch.Tensor:
+        """[B, V]: draft position i of every request."""
+
+    def at(self, cols: torch.Tensor) -> torch.Tensor:
+        """cols [B] -> [B, V]: position cols[b] of request b."""
+
+    def of_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [B, K] -> [B, K]: each id's probability at its own position."""
+
+
+Dists = torch.Tensor | PositionDists  # a tensor is [B, K, V]
+
+
+def _position(d: Dists, i: int) -> torch.Tensor:
+    return d[:, i] if isinstance(d, torch.Tensor) else d.position(i)
+
+
+def _at(d: Dists, cols: torch.Tensor) -> torch.Tensor:
+    if isinstance(d, torch.Tensor):
+        return d[torch.arange(cols.shape[0], device=cols.device), cols]
+    return d.at(cols)
+
+
+def _of_tokens(d: Dists, ids: torch.Tensor) -> torch.Tensor:
+    return d.gather(2, ids.unsqueeze(2)).squeeze(2) if isinstance(d, torch.Tensor) else d.of_tokens(ids)
+
+
+def _vocab(d: Dists) -> int:
+    return d.shape[-1] if isinstance(d, torch.Tensor) else d.vocab
 
 
 @dataclass
@@ -124,16 +165,25 @@ def _ids(drafts: torch.Tensor) -> torch.Tensor:
     return drafts.long().clamp_min(0)
 
 
-def _draft_prob_of(drafts: torch.Tensor, draft_probs: torch.Tensor | None) -> torch.Tensor:
+def _draft_prob_of(drafts: torch.Tensor, draft_probs: Dists | None) -> torch.Tensor:
     if draft_probs is None:
         return torch.ones(drafts.shape, dtype=torch.float32, device=drafts.device)
-    return draft_probs.gather(2, _ids(drafts).unsqueeze(2)).squeeze(2).float()
+    return _of_tokens(draft_probs, _ids(drafts)).float()
 
 
-def _draft_dist(drafts: torch.Tensor, draft_probs: torch.Tensor | None, vocab: int) -> torch.Tensor:
+def _draft_dist_at(drafts: torch.Tensor, draft_probs: Dists | None, cols: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B, V]: the draft distribution at position cols[b] of request b (one-hot drafts when draft_probs is None)."""
     if draft_probs is not None:
-        return draft_probs.float()
-    return torch.nn.functional.one_hot(_ids(drafts), vocab).float()
+        return _at(draft_probs, cols).float()
+    rows = torch.arange(drafts.shape[0], device=drafts.device)
+    return torch.nn.functional.one_hot(_ids(drafts)[rows, cols], vocab).float()
+
+
+def _draft_dist_position(drafts: torch.Tensor, draft_probs: Dists | None, i: int, vocab: int) -> torch.Tensor:
+    """[B, V]: the draft distribution at position i of every request."""
+    if draft_probs is not None:
+        return _position(draft_probs, i).float()
+    return torch.nn.functional.one_hot(_ids(drafts)[:, i], vocab).float()
 
 
 def sample_rows(weights: torch.Tensor, generators: dict[int, torch.Generator] | None = None) -> torch.Tensor:
@@ -161,47 +211,56 @@ def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(empty, p, r)
 
 
-def verify_standard(drafts: torch.Tensor, num_draft: torch.Tensor, draft_probs: torch.Tensor | None,
-                    probs: torch.Tensor, bonus: torch.Tensor,
+def verify_standard(drafts: torch.Tensor, num_draft: torch.Tensor, draft_probs: Dists | None,
+                    probs: Dists, bonus: torch.Tensor,
                     generators: dict[int, torch.Generator] | None = None) -> VerifyResult:
     """Token-wise speculative sampling: accept draft i with min(1, p/q); on the first rejection
     draw from normalised max(p - q, 0). draft_probs None = one-hot drafts. probs [B, K, V]."""
     b, k = drafts.shape
     if k == 0:
         return _assemble(drafts, torch.zeros(b, dtype=torch.long, device=drafts.device), bonus)
-    p_x = probs.gather(2, _ids(drafts).unsqueeze(2)).squeeze(2)
+    p_x = _of_tokens(probs, _ids(drafts))
     q_x = _draft_prob_of(drafts, draft_probs)
     u = _uniforms((b, k), drafts.device, generators)
     n = _prefix_len((u * q_x <= p_x) & (p_x > 0) & _valid(num_draft, k))
     j = n.clamp(max=k - 1)
-    rows = torch.arange(b, device=drafts.device)
-    p_j = probs[rows, j]
-    q_j = _draft_dist(drafts, draft_probs, probs.shape[-1])[rows, j]
+    p_j = _at(probs, j)
+    q_j = _draft_dist_at(drafts, draft_probs, j, _vocab(probs))
     recovered = sample_rows(_residual(p_j, q_j), generators)
     return _assemble(drafts, n, torch.where(n == num_draft, bonus, recovered))
 
 
-def verify_block(drafts: torch.Tensor, num_draft: torch.Tensor, draft_probs: torch.Tensor | None,
-                 probs: torch.Tensor, bonus: torch.Tensor,
+def verify_block(drafts: torch.Tensor, num_draft: torch.Tensor, draft_probs: Dists | None,
+                 probs: Dists, bonus: torch.Tensor,
                  generators: dict[int, torch.Generator] | None = None) -> VerifyResult:
     """Block verification (Sun et al., 2024): decides the accepted length from the whole block's
-    likelihood ratios, lossless and accepting at least as much as token-wise in expectation."""
+    likelihood ratios, lossless and accepting at least as much as token-wise in expectation.
+    Reads probs [B, K, V] a position at a time, in order, then the stopping position's row again."""
     b, k = drafts.shape
     dev = drafts.device
     if k == 0:
         return _assemble(drafts, torch.zeros(b, dtype=torch.long, device=dev), bonus)
-    q = _draft_dist(drafts, draft_probs, probs.shape[-1])
-    ratio = probs.gather(2, _ids(drafts).unsqueeze(2)).squeeze(2) / _draft_prob_of(drafts, draft_probs).clamp_min(1e-30)
+    vocab, ids = _vocab(probs), _ids(drafts)
+    q_x = _draft_prob_of(drafts, draft_probs).clamp_min(1e-30)  # [B, K]
+
+    def ratio_at(i: int, p_i: torch.Tensor) -> torch.Tensor:  # p_i [B, V] -> [B], p/q of draft i
+        return p_i.gather(1, ids[:, i:i + 1]).squeeze(1) / q_x[:, i]
+
+    ratio = ratio_at(0, _position(probs, 0))
     gamma = num_draft.long()
     rows = torch.arange(b, device=dev)
     weight = torch.ones(b, dtype=torch.float64, device=dev)  # p_{i-1}, starting at p_0 = 1
     weights = [weight]
     h = torch.zeros(b, k, dtype=torch.float64, device=dev)
     for i in range(1, k + 1):  # 1-based draft index, as in the paper
-        weight = torch.clamp(weights[-1] * ratio[:, i - 1].double(), max=1.0)
+        weight = torch.clamp(weights[-1] * ratio.double(), max=1.0)
         weights.append(weight)
         if i < k:
-            nxt = (weight.unsqueeze(1) * probs[:, i].double() - q[:, i].double()).clamp_min(0).sum(-1)
+            p_i = _position(probs, i)
+            ratio = ratio_at(i, p_i)
+            nxt = (weight.unsqueeze(1) * p_i.double() - _draft_dist_position(drafts, draft_probs, i, vocab).double())
+            nxt = nxt.clamp_min(0).sum(-1)
+            del p_i  # a position made on demand is freed before the next one is made
             denom = nxt + 1.0 - weight
             h_i = torch.where(denom > 0, nxt / denom.clamp_min(1e-300), torch.ones_like(weight))
         else:
@@ -213,13 +272,13 @@ def verify_block(drafts: torch.Tensor, num_draft: torch.Tensor, draft_probs: tor
     tau = torch.where(hit, idx, 0).amax(dim=1)
     w_tau = torch.stack(weights, dim=1)[rows, tau].float()
     t_pos = tau.clamp(max=k - 1)
-    residual = _residual(w_tau.unsqueeze(1) * probs[rows, t_pos], q[rows, t_pos])
+    residual = _residual(w_tau.unsqueeze(1) * _at(probs, t_pos), _draft_dist_at(drafts, draft_probs, t_pos, vocab))
     recovered = sample_rows(residual, generators)
     return _assemble(drafts, tau, torch.where(tau == gamma, bonus, recovered))
 
 
-def verify(mode: str, drafts: torch.Tensor, num_draft: torch.Tensor, draft_probs: torch.Tensor | None,
-           probs: torch.Tensor | None, target_argmax: torch.Tensor, bonus: torch.Tensor, is_greedy: torch.Tensor,
+def verify(mode: str, drafts: torch.Tensor, num_draft: torch.Tensor, draft_probs: Dists | None,
+           probs: Dists | None, target_argmax: torch.Tensor, bonus: torch.Tensor, is_greedy: torch.Tensor,
            generators: dict[int, torch.Generator] | None = None, accept_k: int = 1, accept_tolerance: float = 0.0,
            target_logits: torch.Tensor | None = None) -> VerifyResult:
     """Mixed batch: temperature-0 rows by argmax match (or, when `is_lossy(accept_k, accept_tolerance)`, by

@@ -6,7 +6,8 @@ in vLLM's built-in parallel drafting) and `smollm2-eagle3` (sequential EAGLE-3 b
 
 Phases, each resumable: self-distillation (the target answers the training prompts, chunk by chunk), the
 capture of the target's states (once, shared by the three heads), then each head's training (checkpointed
-every few steps). Work goes to --work (default runs/smollm2-heads); finished heads are copied to models/
+every few steps) in STAGES: passes over the data, each with its own learning-rate schedule and precision.
+Work goes to --work (default runs/smollm2-heads); finished heads are copied to models/
 (weights, config, train_log.json, loss.png, without the trainer's state), and a comparison plot of the three
 runs to models/smollm2-heads-loss.png. Wall time per phase is appended to --work/phases.json.
 """
@@ -19,14 +20,18 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = REPO / "models" / "SmolLM2-135M-Instruct"
 HEADS = {"smollm2-peagle-depth": "depth", "smollm2-peagle-standard": "standard", "smollm2-eagle3": "eagle3"}
 PROMPTS = 3072
-RECIPE = dict(k=16, steps=384, batch_size=8, seq_len=384, lr=2e-3, warmup=20, draft_vocab=8192,
-              share_embeddings=True, checkpoint_every=16)
+RECIPE = dict(k=16, batch_size=8, seq_len=384, lr=2e-3, warmup=20, draft_vocab=8192, share_embeddings=True,
+              checkpoint_every=16)
+# Each stage is one pass over the data (384 steps of 8 conversations) with its own warmup and cosine decay.
+STAGES = [dict(steps=384, precision="float32"), dict(steps=768, precision="bfloat16")]
+LAST_STEPS = 16  # the plot's agreement by depth: mean of the last steps (one batch alone is noisy)
 
 
 def _record(work: Path, phase: str, seconds: float, accumulate: bool = False, **extra) -> None:
@@ -50,13 +55,19 @@ def _plot(models: Path) -> None:
         log = models / name / "train_log.json"
         if not log.exists():
             continue
-        history = json.loads(log.read_text())["history"]
+        run = json.loads(log.read_text())
+        history = run["history"]
         a.plot([h["tokens"] for h in history], [h["loss"] for h in history], label=name, lw=0.8)
-        last = history[-1]["accuracy"]
-        b.plot([int(d) + 1 for d in last], list(last.values()), marker="o", label=name)
+        for stage in run["stages"][1:]:  # where a new pass with its own schedule starts
+            a.axvline(history[stage["start"]]["tokens"], color="grey", lw=0.5, ls="--")
+        last = history[-LAST_STEPS:]
+        depths = sorted({int(d) for h in last for d in h["accuracy"]})
+        b.plot([d + 1 for d in depths], [np.mean([h["accuracy"][str(d)] for h in last if str(d) in h["accuracy"]])
+                                         for d in depths], marker="o", label=name)
     a.set_xlabel("training tokens (response tokens labelled)"), a.set_ylabel("KL(target || draft), depth-weighted")
-    a.set_yscale("log"), a.legend(), a.set_title("loss")
-    b.set_xlabel("draft position"), b.set_ylabel("top-1 agreement with the target (last step)"), b.legend()
+    a.set_yscale("log"), a.legend(), a.set_title("loss (dashed: a new pass over the data)")
+    b.set_xlabel("draft position"), b.set_ylabel(f"top-1 agreement with the target (last {LAST_STEPS} steps)")
+    b.legend()
     b.set_title("agreement by depth")
     fig.tight_layout()
     fig.savefig(models / "smollm2-heads-loss.png", dpi=80)
@@ -89,8 +100,10 @@ def main() -> None:
     _record(args.work, "capture", time.time() - t0, accumulate=True)
     for name in args.heads:
         run = args.work / name
-        recipe = TrainRecipe(target=str(TARGET), data=str(data), out=str(run), variant=HEADS[name], **RECIPE)
-        last = train(recipe, resume=run.exists())
+        for stage in STAGES:
+            recipe = TrainRecipe(target=str(TARGET), data=str(data), out=str(run), variant=HEADS[name], **RECIPE,
+                                 **stage)
+            last = train(recipe, resume=run.exists())
         _record(args.work, name, last["seconds"], tokens=last["tokens"], steps=last["step"])
         shutil.rmtree(args.models / name, ignore_errors=True)
         shutil.copytree(run, args.models / name, ignore=shutil.ignore_patterns(STATE_DIR))

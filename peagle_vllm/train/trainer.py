@@ -2,6 +2,9 @@
 forward per batch, KL over the draft vocabulary; progress bar, JSON log (tokens seen, wall time), loss
 PNG, resumable checkpoints, export in the speculators format.
 
+A finished run continues with `--resume` and a larger step count: the added steps form a new stage with its
+own warmup and cosine decay (and the stage's own precision); the log lists the stages.
+
 Two data routes: token windows of plain text, the target run inside each step (small targets); or the
 target's own conversations (`peagle-vllm distill`), whose states are captured once into a cache that
 every head trained on them shares, with the loss on the response tokens only (real targets).
@@ -59,6 +62,33 @@ class TrainRecipe:
     checkpoint_every: int = 50
     mask_token_id: int | None = None  # None: the tokenizer's mask token, else its unk, pad or eos token
     share_embeddings: bool = False  # keep the target's embeddings frozen and leave them out of the export
+    precision: str = "float32"  # "bfloat16": the forward under autocast (weights, optimizer and loss stay float32)
+
+
+PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16}
+
+
+def stage_lr(stage: dict, warmup: int, step: int) -> float:
+    """Warmup then cosine decay to zero within `stage` ({"start", "end", "lr"}) for 0-based `step`."""
+    into, length = step - stage["start"], stage["end"] - stage["start"]
+    return stage["lr"] * min(1.0, (into + 1) / warmup) * 0.5 * (1 + np.cos(np.pi * into / length))
+
+
+def next_stages(stages: list[dict], done: int, recipe: TrainRecipe) -> list[dict]:
+    """The run's stages once it is asked for `recipe.steps` with `done` steps behind it: unchanged while
+    the last stage is unfinished, a new stage [done, steps) when the last one has ended."""
+    if recipe.precision not in PRECISIONS:
+        raise ValueError(f"precision is {recipe.precision!r}: choose one of {', '.join(PRECISIONS)}")
+    if recipe.steps < done:
+        raise ValueError(f"--steps {recipe.steps} is below the {done} steps this run has done: pass at least {done}")
+    if stages and done < stages[-1]["end"]:
+        if recipe.steps != stages[-1]["end"]:
+            raise ValueError(f"this run's stage ends at step {stages[-1]['end']}: resume with --steps "
+                             f"{stages[-1]['end']}, then continue past it")
+        return stages
+    if recipe.steps == done:
+        return stages
+    return [*stages, {"start": done, "end": recipe.steps, "precision": recipe.precision, "lr": recipe.lr}]
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
@@ -255,6 +285,7 @@ def train(recipe: TrainRecipe, resume: bool = False, log=print) -> dict:
     head.embed_tokens.weight.requires_grad_(not recipe.share_embeddings)
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=recipe.lr, weight_decay=0.0)
     history: list[dict] = []
+    stages: list[dict] = []
     start, elapsed = 0, 0.0
     gen = torch.Generator().manual_seed(recipe.seed)  # COD sampling
     if resume and state_path.exists():
@@ -264,9 +295,10 @@ def train(recipe: TrainRecipe, resume: bool = False, log=print) -> dict:
         rng.bit_generator.state = state["rng"]
         torch.set_rng_state(state["torch_rng"])
         gen.set_state(state["cod_rng"])
-        history, start = state["history"], state["step"]
+        history, start, stages = state["history"], state["step"], state["stages"]
         elapsed = history[-1]["seconds"] if history else 0.0
         log(f"resuming at step {start}")
+    stages = next_stages(stages, start, recipe)
     if conversations:
         cache = capture_conversations(recipe.target, rows, cache_dir_for(Path(recipe.data), aux), aux, log=log)
         del rows
@@ -279,14 +311,17 @@ def train(recipe: TrainRecipe, resume: bool = False, log=print) -> dict:
     bar = tqdm(range(start, recipe.steps), initial=start, total=recipe.steps, desc=f"train {recipe.variant} K={recipe.k}")
     t0 = time.time() - elapsed
     for step in bar:
-        lr = recipe.lr * min(1.0, (step + 1) / recipe.warmup) * 0.5 * (1 + np.cos(np.pi * step / recipe.steps))
+        stage = stages[-1]
+        lr = stage_lr(stage, recipe.warmup, step)
         for g in opt.param_groups:
             g["lr"] = lr
         ids, aux_states, logits, loss_mask = source.batch(step)
         layout = build_layout(ids.shape[1], 1 if recipe.variant == "eagle3" else recipe.k, recipe.cod_rate,
                               recipe.cod_min, generator=gen)
         layout = SlotLayout(layout.anchor.to(dev), layout.depth.to(dev), layout.attend.to(dev))
-        loss, accuracy = step_loss(head, layout, ids, aux_states, logits, loss_mask)
+        autocast = PRECISIONS[stage["precision"]]
+        with torch.autocast(dev.type, dtype=autocast, enabled=autocast is not None):
+            loss, accuracy = step_loss(head, layout, ids, aux_states, logits, loss_mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -301,11 +336,11 @@ def train(recipe: TrainRecipe, resume: bool = False, log=print) -> dict:
             tmp = state_path.with_suffix(".tmp")
             torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "rng": rng.bit_generator.state,
                         "torch_rng": torch.get_rng_state(), "cod_rng": gen.get_state(), "history": history,
-                        "step": step + 1}, tmp)
+                        "stages": stages, "step": step + 1}, tmp)
             tmp.replace(state_path)
     save_head(head.cpu(), out, verifier=Path(recipe.target).name, share_embeddings=recipe.share_embeddings)
     (out / LOG_FILE).write_text(json.dumps({"recipe": {**asdict(recipe), "target": Path(recipe.target).name,
                                                        "data": Path(recipe.data).name, "out": out.name},
-                                            "history": history}, indent=1))
+                                            "stages": stages, "history": history}, indent=1))
     _plot(history, out / "loss.png")
     return history[-1]

@@ -12,25 +12,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
-
+from peagle_vllm.harness.fake_tensors import HOST_READS, on_fake
 from peagle_vllm.proposer import sample_drafts
 from peagle_vllm.rollback import beyond_capacity
 from peagle_vllm.verify import target_probs, verify
 
-HOST_READS = (DataDependentOutputException, DynamicOutputShapeException)
 B, K, V, VD = 4, 5, 30, 12
-
-
-def on_fake(fn, *args, **kwargs):
-    """fn(*args, **kwargs) with each tensor argument replaced by a fake copy, under the fake mode."""
-    mode = FakeTensorMode()
-
-    def fake(x):
-        return mode.from_tensor(x) if isinstance(x, torch.Tensor) else x
-
-    with mode:
-        return fn(*map(fake, args), **{key: fake(value) for key, value in kwargs.items()})
 
 
 @pytest.mark.parametrize("read", [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,40 @@ def test_kl_at_positions_equals_kl_on_the_gathered_rows() -> None:
     index = torch.tensor([0, 1, 1, 4, 2, 2, 3])
     expected = kl_to_target(draft.flatten(0, 1), target[:, index].flatten(0, 1), None).view(2, 7)
     assert torch.allclose(kl_at_positions(draft, target, index), expected, atol=1e-5)
+
+
+def test_a_finished_run_continues_in_a_new_stage_with_its_own_schedule_and_precision(tiny, tmp_path: Path) -> None:
+    from tiny_models import TEXT
+
+    import peagle_vllm.train.trainer as trainer
+
+    data = tmp_path / "data.txt"
+    data.write_text(TEXT)
+    torch.set_num_threads(1)
+
+    def recipe(steps: int, precision: str) -> trainer.TrainRecipe:
+        return trainer.TrainRecipe(target=str(tiny["target"]), data=str(data), out=str(tmp_path / "run"), k=4,
+                                   steps=steps, batch_size=2, seq_len=32, draft_vocab=256, self_distill=False,
+                                   warmup=2, lr=1e-3, checkpoint_every=2, precision=precision)
+
+    trainer.train(recipe(4, "float32"))
+    with pytest.raises(ValueError, match="--steps 3 is below the 4 steps"):
+        trainer.train(recipe(3, "float32"), resume=True)
+    with pytest.raises(ValueError, match="precision is 'float16'"):
+        trainer.train(recipe(8, "float16"), resume=True)
+    trainer.train(recipe(8, "bfloat16"), resume=True)
+    log = json.loads((tmp_path / "run" / "train_log.json").read_text())
+    assert log["stages"] == [{"start": 0, "end": 4, "precision": "float32", "lr": 1e-3},
+                             {"start": 4, "end": 8, "precision": "bfloat16", "lr": 1e-3}]
+    lrs = [h["lr"] for h in log["history"]]
+    assert len(lrs) == 8 and lrs[4] == pytest.approx(lrs[0]) == pytest.approx(5e-4)  # warmup again from step 5
+    assert lrs[3] < lrs[4] and lrs[7] < lrs[5]  # each stage decays to its end
+
+
+def test_stage_lr_warms_up_then_decays_to_zero_within_its_stage() -> None:
+    from peagle_vllm.train.trainer import stage_lr
+
+    stage = {"start": 10, "end": 20, "lr": 2.0}
+    lrs = [stage_lr(stage, 2, s) for s in range(10, 20)]
+    assert lrs[0] == pytest.approx(1.0) and lrs[1] == pytest.approx(2.0 * 0.5 * (1 + math.cos(math.pi / 10)))
+    assert all(a > b for a, b in zip(lrs[1:], lrs[2:])) and lrs[-1] < 0.06

@@ -75,8 +75,8 @@ def _draft(model, inputs, cache_dtype=torch.float32):
 
     paged = PagedCacheStandIn(model, inputs)
     with torch.no_grad():
-        return draft_step(model, model.mask_states(K - 1), inputs, K, MAX_MODEL_LEN, cache_dtype, paged.store,
-                          paged.run_query)
+        return draft_step(model, model.mask_states(K - 1), model.draft_to_target, inputs, K, MAX_MODEL_LEN,
+                          cache_dtype, paged.store, paged.run_query)
 
 
 def _reference(head, inputs, r: int, bonus: int):

@@ -25,8 +25,8 @@ def speculator(make_spec, build_draft_model, vllm_env):
     model = build_draft_model(spec)  # sets vllm_env.speculative_config = spec
     with set_current_vllm_config(vllm_env):
         s = PEagleSpeculator(vllm_env, torch.device("cpu"))
-    s.model = model  # what load_model does after vLLM's get_model
-    s._mask_states = model.mask_states(s.k - 1)
+    s.model = model  # what load_model does: vLLM's get_model, then the head's per-step constants
+    s._prepare_head()
     return s
 
 

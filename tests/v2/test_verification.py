@@ -1,8 +1,9 @@
 """Verification on vLLM 0.34 is vLLM's own rejection sampler (Triton kernels: GPU only), fed by the speculator:
-drafts sampled from q = softmax(logits / T) and those logits left in vLLM's DraftLogitsCache, from which the
-sampler rebuilds q. Checked here on CPU: that rebuilt q is exactly the q the drafts were drawn from, and drafts
-made this way, verified by the same tests V2 runs (the core's `verify_standard` / `verify_block`: min(1, p/q)
-and Sun et al.'s block rule), emit tokens distributed as the target's."""
+drafts drawn from q = softmax(rounded logits / T) and those logits left in vLLM's DraftLogitsCache, from which the
+sampler rebuilds q. Checked here on CPU: the cache holds the very numbers the drafts were drawn from, sampled
+drafts follow the q rebuilt from the cache (chi-square) and greedy ones are its argmax, and drafts made this way,
+verified by the same tests V2 runs (the core's `verify_standard` / `verify_block`: min(1, p/q) and Sun et al.'s
+block rule), emit tokens distributed as the target's."""
 
 from __future__ import annotations
 
@@ -12,32 +13,80 @@ import torch
 pytest.importorskip("vllm", minversion="0.34", reason="the V2 adapter needs vLLM 0.34 or later")
 
 
-def _rebuilt_q(values: torch.Tensor, slot: int, k: int, temperature: float) -> torch.Tensor:
-    """What vLLM 0.34's rejection kernel computes from the cache: softmax(cached logits / T) per depth."""
-    return (values[slot, :k].float() / temperature).softmax(-1)
+def _rebuilt_q(values: torch.Tensor, slots: torch.Tensor, k: int, temperature: torch.Tensor) -> torch.Tensor:
+    """What vLLM 0.34's rejection kernel computes from the cache values [max_reqs, K_max, V] for requests at
+    slots [B] with temperature [B] (> 0): softmax(float32 cached logits / T) per depth -> [B, k, V]."""
+    return (values[slots, :k].float() / temperature.float().view(-1, 1, 1)).softmax(-1)
+
+
+def _cache(num_slots: int, k: int, v: int, dtype: torch.dtype):
+    from vllm.v1.worker.gpu.spec_decode.draft_logits import DraftLogitsCache
+
+    return DraftLogitsCache(num_slots, k, v, dtype=dtype, fill=0.0, device="cpu")
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
-def test_cached_logits_rebuild_exactly_the_draft_distribution(cache_dtype) -> None:
-    from vllm.v1.worker.gpu.spec_decode.draft_logits import DraftLogitsCache
-
-    from peagle_vllm.vllm_adapter.v2.drafts import cache_draft_logits, draft_block
+def test_the_cache_holds_what_the_drafts_were_drawn_from(cache_dtype) -> None:
+    from peagle_vllm.vllm_adapter.v2.drafts import cache_draft_logits, draft_block, draft_probs
 
     torch.manual_seed(0)
     b, k, vd, v = 3, 4, 40, 100
     d2t = torch.arange(0, 2 * vd, 2)  # draft id i is target id 2i
     logits = torch.randn(b, k, vd) * 3
     temperature = torch.tensor([0.0, 0.7, 1.3])
-    cache = DraftLogitsCache(8, k, v, dtype=cache_dtype, fill=0.0, device="cpu")
+    cache = _cache(8, k, v, cache_dtype)
     idx_mapping = torch.tensor([5, 2, 7])
-    tokens, q, rounded = draft_block(logits, d2t, temperature, cache_dtype, v)
+    tokens, rounded, num_bad = draft_block(logits, d2t, temperature, cache_dtype)
     cache_draft_logits(cache.values, idx_mapping, rounded, d2t)
+    assert rounded.dtype == cache_dtype and int(num_bad) == 0
     assert bool((tokens % 2 == 0).all()) and tokens.max() < 2 * vd  # drafts are target ids of the draft vocabulary
     assert torch.equal(tokens[0], d2t[rounded[0].float().argmax(-1)])  # greedy request: argmax
-    for row, slot in ((1, 2), (2, 7)):
-        torch.testing.assert_close(_rebuilt_q(cache.values, slot, k, float(temperature[row])), q[row],
-                                   rtol=0, atol=1e-6)
+    cached = cache.values[idx_mapping, :k]
+    assert torch.equal(cached[..., d2t], rounded)  # the very numbers the drafts were drawn from
+    outside = torch.ones(v, dtype=torch.bool)
+    outside[d2t] = False
+    assert bool((cached[..., outside] == float("-inf")).all())
+    # so the rebuilt q is the drafts' q up to float32 summation order (the -inf entries add exact zeros)
+    rebuilt = _rebuilt_q(cache.values, idx_mapping[1:], k, temperature[1:])
+    torch.testing.assert_close(rebuilt[..., d2t], draft_probs(rounded, temperature)[1:], rtol=0, atol=1e-6)
+    assert bool((rebuilt[..., outside] == 0).all())
     assert bool((cache.values[0] == 0).all())  # other request slots untouched
+
+
+def _chi_square_p(samples: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson's chi-square p-value of samples [n] (ids) against probs [V]; bins expecting fewer than 5 draws are
+    merged into one. The chi-square tail is torch's regularized upper incomplete gamma (this environment has no
+    scipy): P(X > x) = gammaincc(df / 2, x / 2)."""
+    n = samples.shape[0]
+    observed = torch.bincount(samples, minlength=probs.shape[0]).double()
+    expected = probs.double() * n
+    big = expected >= 5
+    obs = torch.cat([observed[big], observed[~big].sum(0, keepdim=True)])
+    exp = torch.cat([expected[big], expected[~big].sum(0, keepdim=True)])
+    stat = ((obs - exp) ** 2 / exp.clamp_min(1e-12)).sum()
+    df = (exp > 0).sum().double() - 1  # the bins that can hold a draw, minus 1
+    return float(torch.special.gammaincc(df / 2, stat / 2))
+
+
+def test_sampled_drafts_follow_the_q_rebuilt_from_the_cache() -> None:
+    """A mixed batch: every even request greedy, every odd one sampled at T; one draft row set shared by all."""
+    from peagle_vllm.vllm_adapter.v2.drafts import cache_draft_logits, draft_block
+
+    torch.manual_seed(2)
+    m, k, vd, v, temp = 20000, 3, 16, 40, 0.8
+    d2t = torch.randperm(v)[:vd]
+    logits = (torch.randn(1, k, vd) * 1.5).expand(2 * m, -1, -1)
+    temperature = torch.tensor([0.0, temp]).repeat(m)
+    cache = _cache(2 * m, k, v, torch.bfloat16)
+    tokens, rounded, _ = draft_block(logits, d2t, temperature, torch.bfloat16)
+    cache_draft_logits(cache.values, torch.arange(2 * m), rounded, d2t)
+    greedy, sampled = tokens[0::2], tokens[1::2]
+    assert bool((greedy == d2t[rounded[0].float().argmax(-1)]).all())
+    q = _rebuilt_q(cache.values, torch.tensor([1]), k, torch.tensor([temp]))[0]  # [k, V], as the verifier sees it
+    hotter = _rebuilt_q(cache.values, torch.tensor([1]), k, torch.tensor([1.5 * temp]))[0]
+    for depth in range(k):
+        assert _chi_square_p(sampled[:, depth], q[depth]) > 1e-3
+        assert _chi_square_p(sampled[:, depth], hotter[depth]) < 1e-6  # the check tells a wrong q apart
 
 
 @pytest.mark.parametrize("mode", ["standard", "block"])
@@ -50,10 +99,10 @@ def test_drafts_and_cache_verify_losslessly(mode) -> None:
     draft_logits = torch.randn(1, k, v).expand(n, -1, -1)
     target = torch.randn(k + 1, v)  # position-wise target logits (a target whose next token ignores the past)
     p = (target / temp).softmax(-1)
-    tokens, _, rounded = draft_block(draft_logits, None, torch.full((n,), temp), torch.float32, v)
+    tokens, rounded, _ = draft_block(draft_logits, None, torch.full((n,), temp), torch.float32)
     values = torch.zeros(n, k, v)
     cache_draft_logits(values, torch.arange(n), rounded, None)
-    q = (values / temp).softmax(-1)  # as vLLM rebuilds it
+    q = _rebuilt_q(values, torch.arange(n), k, torch.full((n,), temp))
     bonus = torch.multinomial(p[k], n, replacement=True)
     verifier = verify_block if mode == "block" else verify_standard
     out = verifier(tokens, torch.full((n,), k), q, p[:k].expand(n, -1, -1), bonus)

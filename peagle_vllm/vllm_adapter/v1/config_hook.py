@@ -70,7 +70,8 @@ def prepare(user_config: dict, hidden: int, vocab: int, layers: int) -> tuple[di
 
 def with_target_positions(mark: PEagleMark, max_model_len: int) -> PEagleMark:
     """The head's rotary table and maximum length follow the target's: drafts run at the target's positions,
-    which may lie past the head's own `max_position_embeddings` (a head trained on short windows)."""
+    which may lie past the head's own `max_position_embeddings` (a head trained on short windows); the draft's
+    `max_model_len` is set from it once vLLM has built the speculative config."""
     if mark.head.max_position_embeddings >= max_model_len:
         return mark
     return dataclasses.replace(mark, head=dataclasses.replace(mark.head, max_position_embeddings=max_model_len))
@@ -112,6 +113,8 @@ def wrap_create_speculative_config(original):
             self.speculative_config = user
         from peagle_vllm.vllm_adapter.v1.draft_model import ARCHITECTURE
 
+        if user.get("max_model_len") is None:  # the runner stops drafting past the draft's max_model_len
+            spec.draft_model_config.max_model_len = mark.head.max_position_embeddings
         hf = spec.draft_model_config.hf_config
         set_mark(hf, mark)
         hf.architectures = [ARCHITECTURE]

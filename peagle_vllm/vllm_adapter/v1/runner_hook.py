@@ -4,8 +4,8 @@ rejection sampler PEagleRejectionSampler (the drafter loads its weights later, i
 `_update_states`: block lists the scheduler cut after a rejection are cut here too before the step's
 new blocks are appended, the step's draft depth (adaptive depth) is kept for the proposer, and, as a
 test aid, stale KV is poisoned. `sample_tokens`: the step's output carries the draft time to the
-scheduler (which sends it on to the front end's metrics); CPU generators saved by `generator_hook`
-are put back after it.
+scheduler (which sends it on to the front end's metrics), an async output once its result is read;
+CPU generators saved by `generator_hook` are put back after it.
 A plain step (adaptive depth: nothing to verify and no draft to follow, every request in fallback)
 runs `execute_model` and `sample_tokens` with the runner's speculative config set aside, i.e. on
 vLLM's own no-speculation path: no spec-decode metadata, vLLM's plain sampler, no drafter, and a target
@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, ModelRunnerOutput
 
 from peagle_vllm.vllm_adapter.v1 import carriers, generator_hook, rollback_hook
 from peagle_vllm.vllm_adapter.v1.carriers import is_marked, mark_of
@@ -38,9 +38,11 @@ def wrap_init(original):
         registry = getattr(self, "jit_warmup_registry", None)
         with registry.activate() if registry is not None else contextlib.nullcontext():
             options = mark_of(spec).options
+            # max_rows: the requests `_dummy_sampler_run` samples in vLLM's profile run (one draft each)
             self.rejection_sampler = PEagleRejectionSampler(self.sampler, spec, device, verify_mode=options.verify,
                                                             verifier_accept_k=options.verifier_accept_k,
-                                                            accept_tolerance=options.accept_tolerance)
+                                                            accept_tolerance=options.accept_tolerance,
+                                                            max_rows=min(self.max_num_tokens, self.max_num_reqs))
 
     return __init__
 
@@ -135,20 +137,36 @@ def wrap_execute_model(original):
 def wrap_sample_tokens(original):
     @functools.wraps(original)
     def sample_tokens(self, *args, **kwargs):
-        """Attaches (draft runs, seconds) finished since the last step to this step's output (async outputs
-        wrap theirs and go without). A plain step samples as vLLM does without speculation (and runs no
+        """Attaches (draft runs, seconds) finished since the last step to this step's output. A plain step samples as vLLM does without speculation (and runs no
         draft). Either way, the CPU generators `generator_hook` saved are put back afterwards."""
         try:
             if getattr(self, PLAIN_STEP_ATTR, False):
                 return _call_plain(self, original, args, kwargs)
             out = original(self, *args, **kwargs)
             timer = getattr(getattr(self, "drafter", None), "draft_timer", None)
-            if timer is not None and isinstance(out, ModelRunnerOutput):
-                runs, seconds = timer.take()
-                if runs:  # a draft ran in this call, so `out` is this step's own output, not a shared constant
-                    carriers.set_draft_time(out, runs, seconds)
+            if timer is not None and out is not EMPTY_MODEL_RUNNER_OUTPUT:
+                attach_draft_time(out, *timer.take())
             return out
         finally:
             generator_hook.restore_saved_generators(self)
 
     return sample_tokens
+
+
+def attach_draft_time(out, runs: int, seconds: float) -> None:
+    """Drafts timed since the last step onto a step's own output: a ModelRunnerOutput now, an async one's result
+    when it is read (under async scheduling; the timer is drained every step either way, so its CUDA events
+    never pile up)."""
+    if not runs:
+        return
+    if isinstance(out, ModelRunnerOutput):
+        carriers.set_draft_time(out, runs, seconds)
+    elif isinstance(out, AsyncModelRunnerOutput):
+        get_output = out.get_output
+
+        def get_output_with_draft_time() -> ModelRunnerOutput:
+            result = get_output()
+            carriers.set_draft_time(result, runs, seconds)
+            return result
+
+        out.get_output = get_output_with_draft_time

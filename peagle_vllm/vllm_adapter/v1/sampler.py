@@ -8,6 +8,12 @@ torch: no crash on CPU; vLLM itself refuses min_p requests under speculation) an
 block acceptance, lossless on CPU and GPU; opt-in lossy acceptance of greedy requests' drafts
 (`verifier_accept_k` / `accept_tolerance`, `verify.within_tolerance`). The [B, K] layout is built from
 vLLM's device-side cu_num_draft_tokens: no host list is copied to the device per step.
+
+Memory: vLLM sizes the sampler's memory by its profile run (`GPUModelRunner._dummy_sampler_run`), which calls
+this sampler with one draft for each of `max_rows` requests. With K drafts, the draft rows' float32 logits and
+target distributions are made `max_rows` rows at a time (`TargetChunks`) and draft_probs are read in place
+(`DraftRows`), so no [B*K, V] float32 is held, unless vLLM's logits processors, logprobs or lossy acceptance
+need every processed row at once (then, as in vLLM's own rejection sampler, [B*K, V] float32 is kept).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dataclasses import replace
 
 import torch
 from vllm.v1.outputs import SamplerOutput
+from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor
 from vllm.v1.sample.rejection_sampler import RejectionSampler
 
 from peagle_vllm.verify import is_lossy, target_probs, verify
@@ -27,16 +34,85 @@ def _per_draft(x: torch.Tensor | None, num_draft: torch.Tensor, rows: int) -> to
 
 
 def _pad(flat: torch.Tensor, index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Rows of a flat [num_tokens, ...] tensor gathered into [B, K, ...]; invalid (padding) slots are 0."""
+    """Rows of a flat [num_tokens, ...] tensor gathered into index's shape ([B, K] or [B]) + [...]; invalid
+    (padding) slots are 0."""
     out = flat[index.clamp(max=max(flat.shape[0] - 1, 0))]
-    return out.masked_fill(~valid.view(*valid.shape, *([1] * (out.dim() - 2))), 0)
+    return out.masked_fill(~valid.view(*valid.shape, *([1] * (out.dim() - valid.dim()))), 0)
+
+
+def _logits_processors_act(sampling_metadata) -> bool:
+    """Whether vLLM's `RejectionSampler.apply_logits_processors` (0.32) changes the draft rows: penalties, allowed
+    token ids, bad words, min-tokens or a thinking budget in use (host facts); when not, it returns them as given."""
+    sm = sampling_metadata
+    holder = getattr(sm, "thinking_budget_state_holder", None)
+    min_tokens = any(isinstance(p, MinTokensLogitsProcessor) and p.min_toks
+                     for p in sm.logitsprocs.non_argmax_invariant)
+    return (not sm.no_penalties or bool(sm.bad_words_token_ids) or sm.allowed_token_ids_mask is not None
+            or min_tokens or (holder is not None and holder.has_tracked_requests()))
+
+
+class DraftRows:
+    """vLLM's flat draft_probs [num_tokens, V] as the padded [B, K, V] of a `verify.PositionDists`, read a piece
+    at a time instead of copied whole. index, valid [B, K]: each slot's flat row, and whether it is a draft."""
+
+    def __init__(self, flat: torch.Tensor, index: torch.Tensor, valid: torch.Tensor) -> None:
+        self.flat, self.index, self.valid, self.vocab = flat, index, valid, flat.shape[-1]
+
+    def position(self, i: int) -> torch.Tensor:
+        return _pad(self.flat, self.index[:, i], self.valid[:, i])
+
+    def at(self, cols: torch.Tensor) -> torch.Tensor:
+        rows = torch.arange(cols.shape[0], device=cols.device)
+        return _pad(self.flat, self.index[rows, cols], self.valid[rows, cols])
+
+    def of_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.flat[self.index.clamp(max=max(self.flat.shape[0] - 1, 0)), ids].masked_fill(~self.valid, 0)
+
+
+class TargetChunks:
+    """Target distributions as the padded [B, K, V] of a `verify.PositionDists`, made by `make` (flat row ids [n]
+    -> [n, V]) for a chunk of positions at a time, at most `max_rows` rows (at least one position, B rows), the
+    latest chunk kept. index, valid [B, K]: each slot's flat row, and whether it is a draft (else 0)."""
+
+    def __init__(self, make, index: torch.Tensor, valid: torch.Tensor, vocab: int, max_rows: int) -> None:
+        b, k = index.shape
+        self.make, self.index, self.valid, self.vocab = make, index, valid, vocab
+        self.span = max(1, min(k, max_rows // max(b, 1)))  # positions per chunk
+        self._start, self._chunk = -1, None
+
+    def _made(self, index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:  # [B, n] -> [B, n, V]
+        out = self.make(index.reshape(-1)).view(*index.shape, -1)
+        return out.masked_fill_(~valid.unsqueeze(-1), 0)
+
+    def _positions(self, start: int) -> torch.Tensor:  # [B, span, V] from position `start`
+        if start != self._start:
+            self._start, self._chunk = -1, None  # freed before the next one is made
+            cols = slice(start, start + self.span)
+            self._chunk, self._start = self._made(self.index[:, cols], self.valid[:, cols]), start
+        return self._chunk
+
+    def position(self, i: int) -> torch.Tensor:
+        start = i - i % self.span
+        return self._positions(start)[:, i - start]
+
+    def at(self, cols: torch.Tensor) -> torch.Tensor:
+        self._start, self._chunk = -1, None
+        rows = torch.arange(cols.shape[0], device=cols.device)
+        return self._made(self.index[rows, cols].unsqueeze(1), self.valid[rows, cols].unsqueeze(1)).squeeze(1)
+
+    def of_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self._positions(s).gather(2, ids[:, s:s + self.span].unsqueeze(2)).squeeze(2)
+                          for s in range(0, ids.shape[1], self.span)], dim=1)
 
 
 class PEagleRejectionSampler(RejectionSampler):
     def __init__(self, sampler, spec_config, device, verify_mode: str = "auto", verifier_accept_k: int = 1,
-                 accept_tolerance: float = 0.0) -> None:
+                 accept_tolerance: float = 0.0, max_rows: int | None = None) -> None:
+        """max_rows: the requests vLLM's profile run samples (min(max_num_batched_tokens, max_num_seqs)), the
+        most draft rows processed at once; None: one draft position (B rows) at a time."""
         super().__init__(sampler, spec_config, device)
         self.verify_mode = verify_mode
+        self.max_rows = max_rows
         self.accept_k, self.accept_tolerance = verifier_accept_k, accept_tolerance
         self.lossy = is_lossy(verifier_accept_k, accept_tolerance)
 
@@ -46,44 +122,56 @@ class PEagleRejectionSampler(RejectionSampler):
             return self.sampler(logits=logits[metadata.bonus_logits_indices], sampling_metadata=sampling_metadata)
         b = len(metadata.num_draft_tokens)
         dev = logits.device
-        bonus_out = self.sampler(
+        logprobs = sampling_metadata.max_num_logprobs is not None
+        bonus_out = self.sampler(  # full raw logits back ([B, V] float32) only when logprobs need them
             logits=logits[metadata.bonus_logits_indices],
-            sampling_metadata=replace(sampling_metadata, max_num_logprobs=-1),
+            sampling_metadata=replace(sampling_metadata, max_num_logprobs=-1) if logprobs else sampling_metadata,
             predict_bonus_token=True,
             logprobs_mode_override="processed_logits" if self.is_processed_logprobs_mode else "raw_logits")
         bonus = bonus_out.sampled_token_ids.view(-1).long()
-        raw = logits[metadata.target_logits_indices].to(torch.float32)
-        # Processors edit in place; raw logits are needed again only for raw logprobs.
-        keep_raw = sampling_metadata.max_num_logprobs is not None and not self.is_processed_logprobs_mode
-        processed = self.apply_logits_processors(raw.clone() if keep_raw else raw, sampling_metadata, metadata)
+        rows = metadata.target_logits_indices.shape[0]  # flat draft rows
         # [B, K] layout of the flat draft rows, from the device's cumulative counts [B].
         ends = metadata.cu_num_draft_tokens.long()
         starts = torch.cat([ends.new_zeros(1), ends[:-1]])
         num_draft = ends - starts
         cols = torch.arange(k, device=dev)
-        index = starts.unsqueeze(1) + cols
+        index = (starts.unsqueeze(1) + cols).clamp(max=max(rows - 1, 0))
         valid = cols < num_draft.unsqueeze(1)
         drafts = _pad(metadata.draft_token_ids.long(), index, valid)
-        argmax = _pad(processed.argmax(-1), index, valid)
+        raw = processed = None
+        if logprobs or self.lossy or _logits_processors_act(sampling_metadata):  # every processed row at once
+            raw = logits[metadata.target_logits_indices].to(torch.float32)
+            # Processors edit in place; raw logits are needed again only for raw logprobs.
+            keep_raw = logprobs and not self.is_processed_logprobs_mode
+            processed = self.apply_logits_processors(raw.clone() if keep_raw else raw, sampling_metadata, metadata)
+
+        def processed_rows(r) -> torch.Tensor:  # flat draft rows (ids [n] or a slice) -> [n, V] float32
+            return processed[r] if processed is not None else logits[metadata.target_logits_indices[r]].float()
+
+        cap = self.max_rows or b  # rows processed at once
+        argmax = _pad(torch.cat([processed_rows(slice(s, s + cap)).argmax(-1) for s in range(0, rows, cap)]),
+                      index, valid)
         if sampling_metadata.all_greedy:
             is_greedy = torch.ones(b, dtype=torch.bool, device=dev)
             probs = q = None
         else:
             temp = sampling_metadata.temperature
             is_greedy = temp < 1e-5  # vLLM's own greedy threshold (_SAMPLING_EPS)
-            rows = processed.shape[0]
-            probs = _pad(target_probs(processed, _per_draft(temp, num_draft, rows),
-                                      _per_draft(sampling_metadata.top_k, num_draft, rows),
-                                      _per_draft(sampling_metadata.top_p, num_draft, rows)), index, valid)
-            q = None if draft_probs is None else _pad(draft_probs, index, valid)
+            options = [_per_draft(x, num_draft, rows) for x in (temp, sampling_metadata.top_k, sampling_metadata.top_p)]
+
+            def make(r: torch.Tensor) -> torch.Tensor:  # flat draft rows [n] -> target distributions [n, V]
+                return target_probs(processed_rows(r), *(None if x is None else x[r] for x in options))
+
+            probs = TargetChunks(make, index, valid, logits.shape[-1], cap)
+            q = None if draft_probs is None else DraftRows(draft_probs, index, valid)
         target_logits = _pad(processed, index, valid) if self.lossy else None  # [B, K, V]
         result = verify(self.verify_mode, drafts, num_draft, q, probs, argmax, bonus, is_greedy,
                         sampling_metadata.generators, self.accept_k, self.accept_tolerance, target_logits)
         output = result.tokens.to(torch.int32)
-        logprobs = None
-        if sampling_metadata.max_num_logprobs is not None:
-            logprobs = self._get_logprobs_tensors(
+        logprobs_tensors = None
+        if logprobs:
+            logprobs_tensors = self._get_logprobs_tensors(
                 sampling_metadata.max_num_logprobs, metadata, logits,
                 processed if self.is_processed_logprobs_mode else raw,
                 bonus_out.logprobs_tensors.logprobs, output)
-        return SamplerOutput(sampled_token_ids=output, logprobs_tensors=logprobs)
+        return SamplerOutput(sampled_token_ids=output, logprobs_tensors=logprobs_tensors)

@@ -1,14 +1,17 @@
 """From the head's K output rows per request to drafts that vLLM 0.34's rejection sampler verifies losslessly.
 
 Rules:
-- Greedy requests (temperature 0) draft the argmax; sampled ones draw from q = softmax(logits / T) with the
-  core's `peagle_vllm.proposer.sample_drafts` (plain torch).
-- vLLM 0.34 verifies a sampled draft x with p(x) > u * q(x), rebuilding q from the pre-temperature draft
-  logits the speculator leaves in `DraftLogitsCache.values[request slot, depth, :]` (target vocabulary, -inf
-  outside the draft vocabulary). So the logits are rounded to the cache's dtype BEFORE sampling: the q the
-  draft was drawn from and the q the verifier rebuilds are the same numbers.
-- A head that emits NaN/Inf must not change outputs: such rows become uniform over the draft vocabulary
-  (verification then accepts or rejects them losslessly like any other draft) and are counted.
+- vLLM 0.34 verifies a sampled draft x with p(x) > u * q(x), rebuilding q = softmax(logits / T) in float32 from
+  the pre-temperature draft logits the speculator leaves in `DraftLogitsCache.values[request slot, depth, :]`
+  (target vocabulary, -inf outside the draft vocabulary). So the logits are rounded to the cache's dtype BEFORE
+  drafting, and sampled drafts are drawn from softmax(rounded.float() / T) over the draft vocabulary: the q the
+  draft was drawn from and the q the verifier rebuilds are the same numbers (the -inf entries add nothing).
+- Greedy requests (temperature 0) draft the argmax. Every row is drawn and argmaxed, and the two are chosen per
+  request on the device: the V2 runner has no host-side all-greedy flag, and reading one from the device would
+  sync every step. Nothing here builds q over the target vocabulary (the verifier does, from the cache).
+- A head that emits NaN/Inf (or logits the cache's dtype cannot hold) must not change outputs: such rows
+  become uniform over the draft vocabulary (verification then accepts or rejects them losslessly like any other
+  draft) and are counted.
 - Draft noise comes from torch's generator, not from the request's seed: outputs stay exact in distribution,
   but a seeded request's drafts (and so its sampled output) do not repeat run to run. vLLM's own seeded draft
   sampler (`gumbel_sample`) is a Triton kernel keyed by (seed, position); using it would tie drafts to Triton.
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from peagle_vllm.proposer import sample_drafts
+from peagle_vllm.verify import sample_rows
 
 
 def sanitize(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,15 +30,28 @@ def sanitize(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return logits.masked_fill(bad, 0.0), bad.sum()
 
 
+def draft_probs(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """logits [B, K, Vd], temperature [B] -> q [B, K, Vd] = softmax(logits.float() / T), as vLLM's rejection kernel
+    computes it from the cached logits (T <= 0, a greedy request, reads as 1: its q is never used)."""
+    t = torch.where(temperature > 0, temperature, 1.0).float().view(-1, 1, 1)
+    return (logits.float() / t).softmax(-1)
+
+
+def draw(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """logits [B, K, Vd], temperature [B] -> draft-vocabulary ids [B, K]: the argmax where T <= 0, else one exact
+    draw from `draft_probs` (the core's exponential race, `sample_rows`, as `proposer.sample_drafts` draws)."""
+    b, k, vd = logits.shape
+    sampled = sample_rows(draft_probs(logits, temperature).view(b * k, vd)).view(b, k)
+    return torch.where((temperature <= 0).view(b, 1), logits.argmax(-1), sampled)
+
+
 def draft_block(logits: torch.Tensor, draft_to_target: torch.Tensor | None, temperature: torch.Tensor,
-                cache_dtype: torch.dtype, target_vocab: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """logits [B, K, Vd] (draft vocabulary), temperature [B] -> (drafts [B, K] target ids, q [B, K, V] or None
-    when every request is greedy, the rounded draft logits [B, K, Vd] to cache)."""
-    rounded = logits.to(cache_dtype)
-    # vLLM 0.34's V2 runner has no host-side all-greedy flag: one read here spares an all-greedy batch q [B, K, V]
-    sampled = temperature if bool((temperature > 0).any()) else None
-    drafts, q = sample_drafts(rounded.float(), draft_to_target, sampled, None, target_vocab)
-    return drafts, q, rounded
+                cache_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """logits [B, K, Vd] (draft vocabulary), draft_to_target [Vd] or None, temperature [B] -> (drafts [B, K]
+    target ids, the rounded and sanitized draft logits [B, K, Vd] to cache, number of non-finite rows [])."""
+    rounded, num_bad = sanitize(logits.to(cache_dtype))
+    ids = draw(rounded, temperature)
+    return (ids if draft_to_target is None else draft_to_target[ids]), rounded, num_bad
 
 
 def cache_draft_logits(values: torch.Tensor, idx_mapping: torch.Tensor, rounded: torch.Tensor,

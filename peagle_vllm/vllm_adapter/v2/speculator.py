@@ -6,8 +6,9 @@ Each step, after the target verified the previous block (`propose` runs `step.dr
    on its own input only; rejected rows store nothing);
 3. ONE forward over K query rows per request -- depth 0 = (bonus token, fc(h_P)) at P, depths 1..K-1 = (mask
    token, learned mask state of that depth) at P+1..P+K-1 -- attending to the cached context causally;
-4. drafts from the K rows (`drafts`): argmax for greedy requests, sampled with their q for the others, and the
-   draft logits cached for the verifier.
+4. drafts from the K rows (`drafts`): argmax for greedy requests, sampled with their q for the others (chosen
+   on the device: nothing in a step reads device data back to the host), and the draft logits cached for the
+   verifier.
 
 Verification is vLLM 0.34's own `RejectionSampler` (Triton kernels), set up by `PEagleSpeculatorConfig`:
 greedy requests by argmax match, sampled requests token-wise (Leviathan et al., `rejection_sample_method=
@@ -65,6 +66,7 @@ class PEagleSpeculator(DraftModelSpeculator):
         self.num_bad_rows = torch.zeros((), dtype=torch.long, device=device)
         self.num_proposals = 0  # head forwards: one per step that drafts
         self._mask_states: torch.Tensor | None = None  # [K-1, H]
+        self._draft_to_target: torch.Tensor | None = None  # [Vd] (None: the head drafts over the target vocabulary)
         self._layer_name: str | None = None
         self._group_id = -1
 
@@ -90,9 +92,15 @@ class PEagleSpeculator(DraftModelSpeculator):
 
     def load_model(self, target_model: nn.Module) -> None:
         super().load_model(target_model)
+        self._prepare_head()
+        (self._layer_name,) = sorted(self.draft_attn_layer_names)
+
+    def _prepare_head(self) -> None:
+        """The loaded head's per-step constants, taken once so that no step reads them: the mask states and the
+        draft -> target id map (`draft_to_target` reads d2t back to the host: a device sync)."""
         with torch.inference_mode():
             self._mask_states = self.model.mask_states(max(self.k - 1, 1)).to(self.dtype)
-        (self._layer_name,) = sorted(self.draft_attn_layer_names)
+        self._draft_to_target = self.model.draft_to_target
 
     def set_attn(self, model_state, kv_cache_config, block_tables, target_input_buffers, target_attn_groups) -> None:
         super().set_attn(model_state, kv_cache_config, block_tables, target_input_buffers, target_attn_groups)
@@ -160,12 +168,12 @@ class PEagleSpeculator(DraftModelSpeculator):
             return normed
 
         cache = self.draft_logits
-        step = draft_step(self.model, self._mask_states, inputs, self.k, self.max_model_len,
+        step = draft_step(self.model, self._mask_states, self._draft_to_target, inputs, self.k, self.max_model_len,
                           cache.values.dtype if cache is not None else self.dtype, store_context, run_query)
         self.num_proposals += 1
         self.num_bad_rows += step.num_bad_rows
         if cache is not None and writes:
-            drafts.cache_draft_logits(cache.values, inputs.idx_mapping, step.rounded_logits, self.model.draft_to_target)
+            drafts.cache_draft_logits(cache.values, inputs.idx_mapping, step.rounded_logits, self._draft_to_target)
         self.draft_tokens[:b] = step.tokens
         return self.draft_tokens[:b]
 
@@ -196,7 +204,7 @@ class PEagleSpeculator(DraftModelSpeculator):
         self.block_tables.slot_mappings[gid, :num_q] = layout.query_slots(
             query.raw_positions, self.block_tables.input_block_tables[gid], self.block_tables.block_sizes[gid], k,
             self.max_model_len)
-        max_seq_len = int(input_batch.seq_lens_cpu_upper_bound[:b].max())
+        max_seq_len = int(input_batch.seq_lens_cpu_upper_bound[:b].max())  # a host (numpy-backed) tensor: no sync
         self.draft_max_seq_len = min(max_seq_len + k, self.max_model_len)
         batch = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=num_q, num_reqs=b)
         metadata = self._build_uniform_attn_metadata(batch, b, k, input_batch.seq_lens_cpu_upper_bound, step=k,

@@ -32,8 +32,8 @@ class StepInputs:
 @dataclass
 class DraftStep:
     tokens: torch.Tensor  # [B, K] target ids
-    q: torch.Tensor | None  # [B, K, V] draft distribution (None: every request greedy)
-    rounded_logits: torch.Tensor  # [B, K, Vd] in the cache's dtype: what the verifier rebuilds q from
+    rounded_logits: torch.Tensor  # [B, K, Vd] in the cache's dtype: what sampled drafts were drawn from and the
+    # verifier rebuilds q from (softmax(rounded.float() / T), `drafts.draft_probs`)
     num_bad_rows: torch.Tensor  # [] rows whose logits were NaN/Inf (drafted uniformly)
     context: layout.ContextRows
     query: layout.QueryRows
@@ -43,9 +43,12 @@ StoreContext = Callable[[layout.ContextRows, torch.Tensor], None]  # (rows, fc-c
 RunQuery = Callable[[layout.QueryRows, torch.Tensor], torch.Tensor]  # (rows, hidden [B*K, H]) -> normed [B*K, H]
 
 
-def draft_step(model, mask_states: torch.Tensor, inputs: StepInputs, k: int, max_model_len: int,
-               cache_dtype: torch.dtype, store_context: StoreContext, run_query: RunQuery) -> DraftStep:
-    """K drafts per request from ONE call of `run_query`. mask_states [>=K-1, H] (fc of the learned mask states).
+def draft_step(model, mask_states: torch.Tensor, draft_to_target: torch.Tensor | None, inputs: StepInputs, k: int,
+               max_model_len: int, cache_dtype: torch.dtype, store_context: StoreContext,
+               run_query: RunQuery) -> DraftStep:
+    """K drafts per request from ONE call of `run_query`, with no read of device data to the host.
+    mask_states [>=K-1, H] (fc of the learned mask states) and draft_to_target [Vd] or None are the head's
+    constants, taken once after loading (`model.draft_to_target` reads d2t to the host, so not per step).
     `store_context` runs before `run_query` (the query attends to the stored context)."""
     b = inputs.num_rejected.shape[0]
     hidden = model.combine_hidden_states(inputs.aux_hidden)  # [N, H]
@@ -55,7 +58,7 @@ def draft_step(model, mask_states: torch.Tensor, inputs: StepInputs, k: int, max
     store_context(context, hidden)
     query = layout.query_rows(inputs.positions, context.last, bonus, k, model.cfg.mask_token_id, max_model_len)
     normed = run_query(query, layout.query_hidden(hidden, context.last, mask_states, k))
-    logits, bad = drafts.sanitize(model.draft_logits(normed).view(b, k, -1))  # [B, K, Vd]
-    tokens, q, rounded = drafts.draft_block(logits, model.draft_to_target, inputs.temperature[inputs.idx_mapping],
-                                            cache_dtype, model.cfg.vocab_size)
-    return DraftStep(tokens, q, rounded, bad, context, query)
+    logits = model.draft_logits(normed).view(b, k, -1)  # [B, K, Vd]
+    tokens, rounded, bad = drafts.draft_block(logits, draft_to_target, inputs.temperature[inputs.idx_mapping],
+                                              cache_dtype)
+    return DraftStep(tokens, rounded, bad, context, query)
