@@ -71,7 +71,7 @@ def prepare(user_config: dict, hidden: int, vocab: int, layers: int) -> tuple[di
 def with_target_positions(mark: PEagleMark, max_model_len: int) -> PEagleMark:
     """The head's rotary table and maximum length follow the target's: drafts run at the target's positions,
     which may lie past the head's own `max_position_embeddings` (a head trained on short windows); the draft's
-    `max_model_len` is set from it once vLLM has built the speculative config."""
+    `max_model_len` becomes the target's once vLLM has built the speculative config."""
     if mark.head.max_position_embeddings >= max_model_len:
         return mark
     return dataclasses.replace(mark, head=dataclasses.replace(mark.head, max_position_embeddings=max_model_len))
@@ -114,7 +114,7 @@ def wrap_create_speculative_config(original):
         from peagle_vllm.vllm_adapter.v1.draft_model import ARCHITECTURE
 
         if user.get("max_model_len") is None:  # the runner stops drafting past the draft's max_model_len
-            spec.draft_model_config.max_model_len = mark.head.max_position_embeddings
+            spec.draft_model_config.max_model_len = target_model_config.max_model_len
         hf = spec.draft_model_config.hf_config
         set_mark(hf, mark)
         hf.architectures = [ARCHITECTURE]
