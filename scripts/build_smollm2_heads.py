@@ -44,6 +44,17 @@ def _record(work: Path, phase: str, seconds: float, accumulate: bool = False, **
     path.write_text(json.dumps(list(phases.values()), indent=1))
 
 
+def _planned_steps(run: Path) -> int:
+    """Where the run's latest stage ends (0 for a new run): the trainer's state while it is unfinished, else
+    its train_log.json."""
+    from peagle_vllm.train.trainer import LOG_FILE, STATE_DIR, STATE_FILE
+
+    if (run / STATE_DIR / STATE_FILE).exists():
+        return torch.load(run / STATE_DIR / STATE_FILE, weights_only=False)["stages"][-1]["end"]
+    log = run / LOG_FILE
+    return json.loads(log.read_text())["stages"][-1]["end"] if log.exists() else 0
+
+
 def _plot(models: Path) -> None:
     import matplotlib
 
@@ -100,7 +111,11 @@ def main() -> None:
     _record(args.work, "capture", time.time() - t0, accumulate=True)
     for name in args.heads:
         run = args.work / name
-        for stage in STAGES:
+        planned = _planned_steps(run)
+        if planned > STAGES[-1]["steps"]:
+            raise SystemExit(f"{run} holds a stage to step {planned}, beyond STAGES (to {STAGES[-1]['steps']}): "
+                             "add that stage to STAGES to finish it, or remove the run to start over")
+        for stage in [s for s in STAGES if s["steps"] >= planned]:  # from the stage in progress (or last done)
             recipe = TrainRecipe(target=str(TARGET), data=str(data), out=str(run), variant=HEADS[name], **RECIPE,
                                  **stage)
             last = train(recipe, resume=run.exists())

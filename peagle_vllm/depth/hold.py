@@ -21,19 +21,20 @@ class FallbackHold:
     the speeds stay put, the controller probes at the same steps and ends in the same state as with a choice each
     step."""
 
-    __slots__ = ("batch", "left", "kept")
+    __slots__ = ("batch", "left", "kept", "sampled")
 
     def __init__(self) -> None:
         self.batch: frozenset[str] = frozenset()
         self.left = 0  # steps the batch may still be held
         self.kept: list[tuple[float, int]] = []  # (seconds, emitted tokens) of each held step
+        self.sampled = False  # some request of the held batch samples (`Step.sampled`)
 
-    def start(self, controller: DepthController, req_ids: list[str]) -> None:
+    def start(self, controller: DepthController, req_ids: list[str], sampled: bool = False) -> None:
         """After `choose` for this batch: it is held for the next `HOLD_STEPS` steps if that choice was a quiet one
         (none otherwise)."""
         self.left = HOLD_STEPS if controller.chose_quiet_fallback() else 0
         if self.left:
-            self.batch = frozenset(req_ids)
+            self.batch, self.sampled = frozenset(req_ids), sampled
 
     def holds(self, scheduled: Collection[str], tokens: int) -> bool:
         """Whether a step that scheduled these requests and `tokens` tokens (and ran no draft) is one more plain
@@ -50,7 +51,8 @@ class FallbackHold:
         """The kept steps to the controller, in order; the hold ends. Returns how many there were."""
         n, batch = len(self.kept), len(self.batch)
         for seconds, emitted in self.kept:
-            controller.observe_step(Step(tokens=batch, draft_rows=0, seconds=seconds, requests=batch, emitted=emitted))
+            controller.observe_step(Step(tokens=batch, draft_rows=0, seconds=seconds, requests=batch, emitted=emitted,
+                                         sampled=self.sampled))
         self.kept.clear()
         self.left = 0
         return n

@@ -40,6 +40,7 @@ reserves drafts when an arrival trial may come, so that the head drafts over its
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,7 +86,9 @@ class DepthController:
         self.opt = options
         k = options.max_k
         self.acceptance = Acceptance(k, options.decay, options.prior_weight)
-        self.cost = CostModel()
+        # step costs of greedy batches and of batches with a sampled request: verifying sampled drafts costs more
+        # than greedy ones, and one fit over both puts that difference into the draft's fixed cost (`costs_for`)
+        self.costs: dict[bool, CostModel] = {False: CostModel()}
         self.speeds = MeasuredSpeeds()  # of steady plain and steady speculative steps, by batch size
         self._weighing = Weighing()
         # draft rows per request of a step whose deepest choice is d drafts (`_lookahead`; none at d = 0)
@@ -132,7 +135,7 @@ class DepthController:
         (opened, drafted), self._last = self._last, (bool(step.draft_rows and not step.verified), bool(step.draft_rows))
         if step.seconds <= 0 or not step.emitted or not step.decode_only:
             return
-        self.cost.observe(step.requests, step.tokens, step.draft_rows, step.seconds)
+        self.costs_for(step.sampled).observe(step.requests, step.tokens, step.draft_rows, step.seconds)
         plain, spec = self.speeds.at(step.requests)
         gains_tracked = self._stretch is not None or self.probes.stretch is not None  # a trial's, a probe's
         if step.draft_rows and plain.value is not None and gains_tracked:
@@ -146,6 +149,14 @@ class DepthController:
             self.trial_left = max(self.trial_left - 1, 0)
         elif not step.draft_rows and not step.verified and not drafted:
             plain.add(step.emitted, step.requests, step.seconds)
+
+    def costs_for(self, sampled: bool) -> CostModel:
+        """The cost model of greedy batches, or of batches with a sampled request: the first steps of a kind are
+        priced as the other kind's fit says until their own fit takes over (a copy of it, refitted by their own)."""
+        cost = self.costs.get(sampled)
+        if cost is None:
+            cost = self.costs[sampled] = copy.deepcopy(self.costs[not sampled])
+        return cost
 
     def speculation_measured_faster(self, batch: int) -> bool | None:
         """`MeasuredSpeeds.speculation_faster` at about this batch size, ties going to the current regime."""
@@ -234,9 +245,9 @@ class DepthController:
         step; the head drafts that deep in the next step, whatever K is then chosen."""
         return min(self.opt.max_k, max(2 * k, self.opt.probe_k, self.opt.min_k))
 
-    def choose(self, req_ids: list[str], caps: list[int] | None = None) -> list[int]:
+    def choose(self, req_ids: list[str], caps: list[int] | None = None, sampled: bool = False) -> list[int]:
         """K for each request of this step's batch; `caps` (e.g. the drafts whose KV slots were reserved) bound each
-        request's K from above."""
+        request's K from above; `sampled`: some request of the batch samples (its steps' own cost model)."""
         if not req_ids:
             return []
         self.steps += 1
@@ -273,7 +284,7 @@ class DepthController:
         if faster is False and not self.speculating and not self.opt.min_k:
             return self._stay_in_fallback(req_ids)
         curves = self.acceptance.curves(req_ids)
-        threshold, depth = self._weighing.weigh(curves, self.cost, self._lookahead_rows, self.steps,
+        threshold, depth = self._weighing.weigh(curves, self.costs_for(sampled), self._lookahead_rows, self.steps,
                                                 speculate=bool(faster), may_keep=bool(faster) and not in_trial)
         if faster is False:
             threshold = np.inf
@@ -372,10 +383,13 @@ class DepthController:
         if self.steps == self.summarized:
             return ""
         self.summarized = self.steps
-        (s0, sb, sv, s2), p0 = self.cost.s, self.cost.p0
-        plain = "not measured yet" if p0 is None else f"{1e3 * p0:.2f} ms"
+        fits = []
+        for sampled, cost in sorted(self.costs.items()):
+            (s0, sb, sv, s2), p0 = cost.s, cost.p0
+            plain = "not measured yet" if p0 is None else f"{1e3 * p0:.2f} ms"
+            fits.append(f"{'sampled' if sampled else 'greedy'} batches: plain {plain}, with the draft {1e3 * s0:.2f} "
+                        f"ms + {1e3 * s2:.4f} ms/draft row, + {1e3 * sb:.3f} ms/request + {1e3 * sv:.3f} ms/draft "
+                        "verified")
         return (f"{'speculating' if self.speculating else 'fallback'}, probe interval {self.probes.interval} steps; "
-                f"fitted step cost: plain {plain}, with the draft {1e3 * s0:.2f} ms + {1e3 * s2:.4f} ms/draft row, "
-                f"+ {1e3 * sb:.3f} ms/request + {1e3 * sv:.3f} ms/draft verified; measured tokens per "
-                f"request-second, plain/speculative, by batch size: "
-                f"{self.speeds.describe() or 'none yet'}")
+                f"fitted step cost, {'; '.join(fits)}; measured tokens per request-second, plain/speculative, by "
+                f"batch size: {self.speeds.describe() or 'none yet'}")

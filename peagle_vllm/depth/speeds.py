@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 PLAIN_DECAY = 0.8  # weight of the past in a plain figure, per step: a few recent steps say what plain decoding costs
 TIE = 0.05  # speeds within this fraction of each other are a tie: the current regime stays
+# beyond batch 1, speeds whose difference is within this many standard errors of it are a tie too (noise alone
+# makes some 5% of differences that large): on a noisy machine a few steps' figures must not switch the regime
+NOISE_Z = 2.0
 
 
 def bucket(batch: int) -> int:
@@ -21,13 +24,17 @@ def bucket(batch: int) -> int:
 
 @dataclass(slots=True)
 class Speed:
-    """Tokens per request-second of one kind of step, from decayed sums (recent steps weigh more)."""
+    """Tokens per request-second of one kind of step, from decayed sums (recent steps weigh more), and how far
+    that figure may be off: the spread of the steps' own rates, over the steps it rests on."""
 
     decay: float = 0.9  # weight of the past per step (some 10 steps)
     tokens: float = 0.0
     request_seconds: float = 0.0
     seconds: float = 0.0
     steps: float = 0.0
+    rates: float = 0.0  # decayed sums of each step's own rate and its square
+    rates_squared: float = 0.0
+    weights_squared: float = 0.0  # decayed (by decay squared) sum of the steps' squared weights
 
     def add(self, tokens: float, requests: int, seconds: float) -> None:
         """One step of `requests` requests that took `seconds` and yields `tokens`."""
@@ -36,6 +43,22 @@ class Speed:
         self.request_seconds = self.request_seconds * decay + requests * seconds
         self.seconds = self.seconds * decay + seconds
         self.steps = self.steps * decay + 1.0
+        rate = tokens / (requests * seconds)
+        self.rates = self.rates * decay + rate
+        self.rates_squared = self.rates_squared * decay + rate * rate
+        self.weights_squared = self.weights_squared * decay * decay + 1.0
+
+    @property
+    def error(self) -> float | None:
+        """Standard error of `value`: the steps' rates' weighted variance times the sum of their squared weights
+        over their weights' squared sum (1/n for n equal weights); None before two steps."""
+        steps = self.steps
+        if steps <= 0 or steps * steps <= self.weights_squared * (1 + 1e-9):
+            return None
+        mean = self.rates / steps
+        variance = max(self.rates_squared / steps - mean * mean, 0.0) * steps * steps / (steps * steps -
+                                                                                          self.weights_squared)
+        return (variance * self.weights_squared) ** 0.5 / steps
 
     @property
     def value(self) -> float | None:
@@ -83,14 +106,19 @@ class MeasuredSpeeds:
         return None if speeds is None else (speeds[0].value, speeds[1].value)
 
     def speculation_faster(self, batch: int, speculating: bool) -> bool | None:
-        """Whether speculation measures faster than plain decoding at about this batch size; within `TIE` of each
-        other the current regime (`speculating`) stands, since a switch costs a step each way; None before both
-        are measured."""
-        rates = self.rates(batch)
-        if rates is None:
+        """Whether speculation measures faster than plain decoding at about this batch size; None before both are
+        measured. A tie keeps the current regime (`speculating`): speeds within `TIE` of each other (a switch costs
+        a step each way), or, beyond batch 1, within `NOISE_Z` standard errors of their difference (`Speed.error`;
+        a figure of one step has none), where the noise of the steps timed could have made it. At batch 1 `TIE`
+        alone: there each request's own trial times speculation afresh, and a wider tie would keep a losing
+        speculation going for the rest of the request."""
+        speeds = self.measured(batch)
+        if speeds is None:
             return None
-        plain, spec = rates
-        if abs(spec - plain) <= TIE * plain:
+        plain, spec = speeds[0].value, speeds[1].value
+        errors = [s.error for s in speeds]
+        noise = NOISE_Z * sum(e * e for e in errors if e is not None) ** 0.5 if batch > 1 else 0.0  # (see above)
+        if abs(spec - plain) <= max(TIE * plain, noise):
             return speculating
         return spec > plain
 

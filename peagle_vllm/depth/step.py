@@ -16,6 +16,7 @@ class Step:
     requests: int = 1  # requests in the batch
     emitted: int = 0  # tokens the step produced (accepted drafts + one per request)
     verified: int = 0  # drafts it verified
+    sampled: bool = False  # some request of the step samples (temperature > 0): priced by a cost model of its own
 
     @property
     def decode_only(self) -> bool:

@@ -258,8 +258,13 @@ def markdown_table(rows: list[dict]) -> str:
     return head + "".join(
         f"| {r['interface']} | {r['mode']} | {r['k'] or '-'} | {r['concurrency']} | {r['temperature']:g} | "
         f"{r['tokens_per_s']:.1f} | {_ms(r.get('ttft_ms'))} | {_ms(r.get('tpot_ms'))} | {r['acceptance_length']:.2f} | "
-        f"{r['vs_no_spec'] or 0:.2f} | {r['vs_vllm_parallel_best'] or 0:.2f} |\n"
+        f"{_ratio(r['vs_no_spec'])} | {_ratio(r['vs_vllm_parallel_best'])} |\n"
         for r in rows)
+
+
+def _ratio(value: float | None) -> str:
+    """A ratio cell: '-' where the mode it compares with was not run."""
+    return "-" if value is None else f"{value:.2f}"
 
 
 def adaptive_summary(rows: list[dict], fixed: str = "p_eagle-depth", adaptive: str = "p_eagle-depth-adaptive") -> str:

@@ -19,8 +19,8 @@ def _force_gap(monkeypatch, head_idle: bool) -> None:
     drafts every step of the gap, with nothing verified: the same steps, the same tokens, a head that never
     stopped."""
 
-    def forced_choose(self, req_ids, caps=None):
-        ks = CHOOSE(self, req_ids, caps)
+    def forced_choose(self, req_ids, caps=None, sampled=False):
+        ks = CHOOSE(self, req_ids, caps, sampled)
         if self.steps in GAP:
             for rid in req_ids:
                 self._stats(rid).last_k = 0

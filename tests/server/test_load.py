@@ -116,4 +116,5 @@ def test_adaptive_depth_logged_its_state_during_the_load(run, servers) -> None:
     """The engine core's periodic `p_eagle depth:` line reaches the server's log (through vLLM's logger:
     a logger of our own had no handler in the engine core, and the line was never shown)."""
     log = servers[0].log.read_text()
-    assert "p_eagle depth: " in log and "fitted step cost: plain" in log, "no depth line in the server's log"
+    assert "p_eagle depth: " in log and "fitted step cost, greedy batches: plain" in log, \
+        "no depth line in the server's log"

@@ -58,14 +58,23 @@ class PEagleDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, eps=cfg.rms_norm_eps)
 
     def forward(self, positions: torch.Tensor, embeds: torch.Tensor, hidden: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+                residual: torch.Tensor | None, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """rows (last layer only): the token rows whose outputs are read; every token's KV is still written,
+        but o_proj, the MLP and what follows run on those rows alone (row-wise ops: same values)."""
         if self.index == 0:
             normed = self.hidden_norm(hidden)
             residual = normed if self.norm_before_residual else hidden
             x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
         else:
             x, residual = self.input_layernorm(hidden, residual)
-        x = self.self_attn(positions=positions, hidden_states=x)
+        attn = self.self_attn
+        qkv, _ = attn.qkv_proj(x)  # LlamaAttention.forward, with the rows picked before o_proj
+        q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+        q, k = attn.rotary_emb(positions, q, k)
+        x = attn.attn(q, k, v)
+        if rows is not None:
+            x, residual = x.index_select(0, rows), residual.index_select(0, rows)
+        x, _ = attn.o_proj(x)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
@@ -123,22 +132,36 @@ class PEagleDraftModel(nn.Module):
 
     def combine_hidden_states(self, aux: torch.Tensor) -> torch.Tensor:
         """[N, num_aux*Ht] concatenated target states -> [N, H] (fc, per-chunk norms when trained so)."""
-        if self.cfg.fc_norm:
-            chunks = aux.chunk(self.cfg.num_aux, dim=-1)
-            aux = torch.cat([norm(c) for norm, c in zip(self.model.fc_norm, chunks)], dim=-1)
+        if self.cfg.fc_norm:  # the fc_norm RMSNorms (vLLM's native rms_norm) over all chunks at once
+            n, eps = self.cfg.num_aux, self.cfg.rms_norm_eps
+            weight = self._fc_norm_weight()
+            x = aux.view(*aux.shape[:-1], n, aux.shape[-1] // n).to(torch.float32)
+            x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
+            aux = (x.to(weight.dtype) * weight).to(aux.dtype).view(aux.shape)
         return self.model.fc(aux)
+
+    def _fc_norm_weight(self) -> torch.Tensor:
+        """The fc_norm weights stacked [num_aux, Ht], built once (dropped when weights are loaded)."""
+        weight = self.__dict__.get("_fc_norm_stacked")
+        if weight is None:
+            weight = self.__dict__["_fc_norm_stacked"] = torch.stack([norm.weight.data for norm in self.model.fc_norm])
+        return weight
 
     def mask_states(self) -> torch.Tensor:
         """fc(mask_hidden): [1, H] shared, or [K_trained-1, H] per depth."""
         return self.combine_hidden_states(self.mask_hidden.to(self.model.fc.weight.dtype))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor,
-                inputs_embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                inputs_embeds: torch.Tensor | None = None,
+                rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """rows: when given, the outputs are those token rows only ([len(rows), H]; the proposer passes the
+        sampled slots): the context tokens' KV is written, the layers after their last attention skip them."""
         self.num_forwards += 1
         embeds = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
         hidden, residual = hidden_states, None
-        for layer in self.model.layers:
-            hidden, residual = layer(positions, embeds, hidden, residual)
+        last = len(self.model.layers) - 1
+        for i, layer in enumerate(self.model.layers):
+            hidden, residual = layer(positions, embeds, hidden, residual, rows if i == last else None)
         normed, prenorm = self.model.norm(hidden, residual)
         return normed, (normed if self.cfg.norm_output else prenorm)
 
@@ -159,6 +182,7 @@ class PEagleDraftModel(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         params = dict(self.named_parameters())
         loaded: set[str] = set()
+        self.__dict__.pop("_fc_norm_stacked", None)
         for name, tensor in weights:
             name = name.replace("midlayer.", "layers.0.").removeprefix("model.")
             if name == "t2d":

@@ -33,6 +33,7 @@ class PEagleProposer(EagleProposer):
         self.num_proposals = 0  # head forwards, one per engine step with speculation
         self.num_skipped = 0  # steps in which every request was in fallback: no draft ran
         self._mask_states: torch.Tensor | None = None
+        self._draft_to_target: torch.Tensor | None = None  # [Vd] target id of each draft id, or None: same vocab
         self.last_drafts: torch.Tensor | None = None  # [B, K] of the latest step, target ids
         self._bad_rows = torch.zeros((), dtype=torch.long, device=device)
         self._warned_bad = False
@@ -50,19 +51,23 @@ class PEagleProposer(EagleProposer):
             raise TypeError(f"p_eagle expected its own draft model, vLLM built {type(self.model).__name__}")
         with torch.inference_mode():
             self._mask_states = self.model.mask_states().to(self.dtype)
+            # read once here: the model's property reads d2t back to the host (a device sync per step)
+            self._draft_to_target = self.model.draft_to_target
         self.parallel_drafting_hidden_state_tensor.copy_(self._mask_states[0])
 
     def _sanitize(self, logits: torch.Tensor) -> torch.Tensor:
         """A broken head (NaN/Inf) must not change outputs: its rows become uniform drafts, which
         verification rejects or accepts losslessly like any other. Counted without a device sync;
-        checked (and warned about, once) every 64 proposals."""
-        bad = ~torch.isfinite(logits).all(dim=-1, keepdim=True)
+        checked (and warned about, once) every 64 proposals. A row's float32 sum is finite iff all its logits
+        are (NaN and +-Inf propagate; only logits near 1e38 overflow it, and those rows are as broken): one
+        reduction instead of isfinite's passes over [B, K, Vd]. In place: the logits are this step's own."""
+        bad = ~torch.isfinite(logits.sum(dim=-1, keepdim=True, dtype=torch.float32))
         self._bad_rows += bad.sum()
         if self.num_proposals % 64 == 1 and not self._warned_bad and self.num_bad_draft_rows:
             self._warned_bad = True
             logger.warning("p_eagle: the draft head produced NaN/Inf logits; those drafts are replaced by "
                            "uniform ones (outputs stay exact, acceptance drops). Check the head's weights.")
-        return logits.masked_fill(bad, 0.0)
+        return logits.masked_fill_(bad, 0.0)
 
     @property
     def num_bad_draft_rows(self) -> int:
@@ -87,8 +92,12 @@ class PEagleProposer(EagleProposer):
         get (sent by the scheduler), else K. Depth 1 has no mask slots: plain EAGLE input. Depth 0:
         every request is in fallback, no draft runs (the head's KV then misses this step's tokens: the
         scheduler has them computed again when the request drafts next, see head_catch_up)."""
-        depth = getattr(self._runner, "peagle_draft_depth", None)
+        depth = self._adaptive_depth()
         return self.num_speculative_tokens if depth is None else min(depth, self.num_speculative_tokens)
+
+    def _adaptive_depth(self) -> int | None:
+        """The scheduler's draft depth for this step; None when K is fixed (not adaptive)."""
+        return getattr(self._runner, "peagle_draft_depth", None)
 
     @contextlib.contextmanager
     def _slot_layout(self, depth: int):
@@ -116,7 +125,8 @@ class PEagleProposer(EagleProposer):
                                  token_indices_to_sample, common_attn_metadata, sampling_metadata,
                                  num_rejected_tokens_gpu)
         # vLLM's buffers are [B, K]: columns past this step's depth are never scheduled (capped).
-        return torch.nn.functional.pad(drafts, (0, self.num_speculative_tokens - k))
+        return drafts if k == self.num_speculative_tokens else torch.nn.functional.pad(
+            drafts, (0, self.num_speculative_tokens - k))
 
     def _draft(self, k: int, target_token_ids, target_positions, target_hidden_states, next_token_ids,
                token_indices_to_sample, common_attn_metadata, sampling_metadata,
@@ -130,24 +140,26 @@ class PEagleProposer(EagleProposer):
                 target_token_ids=target_token_ids, next_token_ids=next_token_ids, target_positions=target_positions,
                 target_hidden_states=target_hidden_states, token_indices_to_sample=token_indices_to_sample,
                 cad=common_attn_metadata, num_rejected_tokens_gpu=num_rejected_tokens_gpu)
-        self._drop_writes_beyond_reservation(cad, num_tokens, batch_size)
-        # [B, K]: column 0 is the last real token, column d the d-th mask slot.
-        slots = token_indices_to_sample.view(batch_size, k).long()
+        if self._adaptive_depth() is not None:  # fixed K: vLLM reserved K lookahead slots for every request
+            self._drop_writes_beyond_reservation(cad, num_tokens, batch_size)
+        # [B*K]: request r's column 0 is its last real token, column d its d-th mask slot.
+        slots = token_indices_to_sample.long()
         if self._mask_states.shape[0] > 1 and k > 1:  # depth-aware head: one state per depth
-            self.hidden_states[slots[:, 1:]] = self._mask_states[: k - 1].unsqueeze(0)
+            self.hidden_states[slots.view(batch_size, k)[:, 1:]] = self._mask_states[: k - 1].unsqueeze(0)
         _, per_layer_metadata = self.build_per_group_and_layer_attn_metadata(cad)
         cudagraph_mode, num_input_tokens, num_tokens_across_dp = self._determine_batch_execution_and_padding(num_tokens)
         model_kwargs, slot_mapping_size = self.build_model_inputs_first_pass(num_tokens, num_input_tokens, None)
         with set_forward_context(per_layer_metadata, self.vllm_config, num_tokens=num_input_tokens,
                                  num_tokens_across_dp=num_tokens_across_dp, cudagraph_runtime_mode=cudagraph_mode,
                                  slot_mapping=self._get_slot_mapping(slot_mapping_size, cad.slot_mapping)):
-            normed, _ = self.model(**model_kwargs)
+            # the sampled slots' rows only: [B*K, H] (the context tokens still write their KV)
+            normed, _ = self.model(**model_kwargs, rows=slots)
         self.num_proposals += 1
         # [B*K, H] -> [B, K, Vd]
-        logits = self.model.draft_logits(normed[slots.reshape(-1)]).view(batch_size, k, -1)
+        logits = self.model.draft_logits(normed).view(batch_size, k, -1)
         logits = self._sanitize(logits)
         temperature = None if sampling_metadata.all_greedy else sampling_metadata.temperature[:batch_size]
-        drafts, probs = sample_drafts(logits, self.model.draft_to_target, temperature,
+        drafts, probs = sample_drafts(logits, self._draft_to_target, temperature,
                                       sampling_metadata.generators, self.model.cfg.vocab_size)
         self._last_draft_probs = probs
         self.last_drafts = drafts

@@ -22,10 +22,11 @@
   the controller's choice for that step (K=0 for all) is made here instead. In steady fallback the next
   steps of the same batch only keep their time for the controller (`depth.FallbackHold`), which gets them
   at the next step that is not one (or before a schedule that may draft) and chooses again.
-- `make_stats`: the K chosen per request, steps without a draft and the draft times measured in the
-  worker ride to the front end in vLLM's per-step SchedulerStats (`metrics_hook` takes them out
-  again before vLLM's loggers read it), for any p_eagle scheduler, fixed K included: those of the last
-  CARRY_EVERY_S at a time, and all of them when the engine holds no more requests.
+- `make_stats`: the K chosen per request (under async scheduling, where drafts bypass
+  `update_draft_token_ids`, the K each request verifies, counted in `update_from_output`), steps without a
+  draft and the draft times measured in the worker ride to the front end in vLLM's per-step SchedulerStats
+  (`metrics_hook` takes them out again before vLLM's loggers read it), for any p_eagle scheduler, fixed K
+  included: those of the last CARRY_EVERY_S at a time, and all of them when the engine holds no more requests.
 - `EngineCore.post_step`: after a step that ran no draft (depth 0) the worker holds no draft token ids,
   so they are not asked for: under multiprocessing (a server) that is a round trip to the worker
   process per step, which a no-spec engine does not make.
@@ -65,7 +66,7 @@ def wrap_init(original):
             logger.warning("p_eagle: adaptive depth needs synchronous scheduling (drafts pass through the "
                            "scheduler); with async scheduling K stays fixed at %d. Pass "
                            "--no-async-scheduling for adaptive depth.", mark.options.num_speculative_tokens)
-        state = SchedulerState(self, mark, adaptive)
+        state = SchedulerState(self, mark, adaptive, async_scheduling=bool(self.scheduler_config.async_scheduling))
         setattr(self, STATE_ATTR, state)
         if adaptive:
             rollback_hook.reserve_own_lookahead(self, lambda request: state.lookahead(self, request))
@@ -124,7 +125,8 @@ def wrap_update_draft_token_ids(original):
         ctrl = state.ctrl
         req_ids = list(draft_token_ids.req_ids)
         if ctrl is not None and req_ids:
-            ks = ctrl.choose(req_ids, [state.reserved.get(rid, ctrl.opt.max_k) for rid in req_ids])
+            ks = ctrl.choose(req_ids, [state.reserved.get(rid, ctrl.opt.max_k) for rid in req_ids],
+                             sampled=state.is_sampled(self, req_ids))
             draft_token_ids.draft_token_ids = [list(d) if state.is_seeded(self, rid) else list(d)[:k]
                                                for rid, d, k in zip(req_ids, draft_token_ids.draft_token_ids, ks)]
         if req_ids:
@@ -137,12 +139,13 @@ def wrap_update_draft_token_ids(original):
     return update_draft_token_ids
 
 
-def _choose_without_drafts(state: SchedulerState, req_ids: list[str]) -> None:
+def _choose_without_drafts(scheduler, state: SchedulerState, req_ids: list[str]) -> None:
     """The choice for a step after which no request drafted (depth 0): K=0 for every request, made by the
     controller all the same (its clock, probes and fallback bookkeeping run on every step); in steady fallback
     it holds the batch for the next few steps (`FallbackHold`)."""
-    ks = state.ctrl.choose(req_ids, [0] * len(req_ids))
-    state.hold.start(state.ctrl, req_ids)
+    sampled = state.is_sampled(scheduler, req_ids)
+    ks = state.ctrl.choose(req_ids, [0] * len(req_ids), sampled=sampled)
+    state.hold.start(state.ctrl, req_ids, sampled)
     state.figures.add_choices(ks)
 
 
@@ -168,14 +171,14 @@ def _release_held(state: SchedulerState) -> None:
         state.gaps.note_held(state.hold.batch, n)
 
 
-def _step(scheduler_output, model_runner_output, seconds: float, max_k: int) -> Step:
-    """The controller's view of one finished engine step."""
+def _step(scheduler_output, model_runner_output, seconds: float, max_k: int, sampled: bool) -> Step:
+    """The controller's view of one finished engine step (`sampled`: some request of it samples)."""
     requests = len(scheduler_output.num_scheduled_tokens)
     depth = carriers.draft_depth(scheduler_output)
     return Step(tokens=scheduler_output.total_num_scheduled_tokens,
                 draft_rows=(max_k if depth is None else depth) * requests, seconds=seconds,
                 requests=requests, emitted=sum(map(len, model_runner_output.sampled_token_ids)),
-                verified=sum(map(len, scheduler_output.scheduled_spec_decode_tokens.values())))
+                verified=sum(map(len, scheduler_output.scheduled_spec_decode_tokens.values())), sampled=sampled)
 
 
 def wrap_update_from_output(original):
@@ -190,12 +193,14 @@ def wrap_update_from_output(original):
             figures.add_draft(*carriers.draft_time(model_runner_output))
         elif scheduler_output.total_num_scheduled_tokens:
             figures.steps_without_draft += 1
+        if state.counts_verified_drafts and scheduler_output.scheduled_spec_decode_tokens:
+            figures.add_choices([len(d) for d in scheduler_output.scheduled_spec_decode_tokens.values()])
         ctrl = state.ctrl
         if ctrl is not None and (drafted or not _hold(state, scheduler_output, model_runner_output)):
             _release_held(state)
             _observe(self, state, scheduler_output, model_runner_output, drafted)
             if not drafted:
-                _choose_without_drafts(state, list(scheduler_output.num_scheduled_tokens))
+                _choose_without_drafts(self, state, list(scheduler_output.num_scheduled_tokens))
         out = original(self, scheduler_output, model_runner_output)
         if ctrl is not None and not drafted and scheduler_output.scheduled_spec_decode_tokens:
             # every reservation was 0: only rejected drafts can have left blocks behind
@@ -213,7 +218,8 @@ def _observe(self, state: SchedulerState, scheduler_output, model_runner_output,
     ctrl: DepthController = state.ctrl
     now = time.perf_counter()
     if state.last_step is not None and scheduler_output.total_num_scheduled_tokens:
-        ctrl.observe_step(_step(scheduler_output, model_runner_output, now - state.last_step, ctrl.opt.max_k))
+        ctrl.observe_step(_step(scheduler_output, model_runner_output, now - state.last_step, ctrl.opt.max_k,
+                                state.is_sampled(self, scheduler_output.num_scheduled_tokens)))
     state.last_step = now
     if now - state.last_log >= LOG_EVERY_S:
         state.last_log = now

@@ -19,8 +19,11 @@ SAMPLING_EPS = 1e-5  # vLLM's greedy threshold on temperature
 class SchedulerState:
     """Per scheduler. `ctrl` is None when K is fixed (adaptive off, or async scheduling)."""
 
-    def __init__(self, scheduler, mark: PEagleMark, adaptive: bool) -> None:
+    def __init__(self, scheduler, mark: PEagleMark, adaptive: bool, async_scheduling: bool = False) -> None:
         self.figures = EngineFigures()
+        # under async scheduling drafts go from the worker to the next step without update_draft_token_ids:
+        # each request's K is then read from the drafts a step verifies
+        self.counts_verified_drafts = async_scheduling
         self.carried = 0.0  # when the figures last rode to the front end (see scheduler_hook's make_stats)
         self.ctrl = DepthController(DepthOptions(max_k=mark.options.num_speculative_tokens,
                                                  min_k=mark.options.min_k)) if adaptive else None
@@ -29,6 +32,7 @@ class SchedulerState:
         self.last_log = time.perf_counter()
         self.reserved: dict[str, int] = {}  # drafts whose lookahead is reserved, per request
         self.seeded_ids: dict[str, bool] = {}  # see is_seeded
+        self.sampled_ids: dict[str, bool] = {}  # see is_sampled
         self.block_counts: dict[str, tuple[int, ...]] = {}  # released since the last schedule, for the worker
         self.gaps = HeadGaps()  # tokens the draft head has not seen (steps in fallback)
         self.hold = FallbackHold()  # steady fallback's steps that skip the controller
@@ -46,6 +50,21 @@ class SchedulerState:
             if request is not None:
                 self.seeded_ids[req_id] = seeded
         return seeded
+
+    def is_sampled(self, scheduler, req_ids) -> bool:
+        """Whether any of these requests samples (temperature > 0): the controller prices such batches' steps with
+        a cost model of their own. Remembered per request until it finishes."""
+        sampled_ids = self.sampled_ids
+        for rid in req_ids:
+            sampled = sampled_ids.get(rid)
+            if sampled is None:
+                params = getattr(scheduler.requests.get(rid), "sampling_params", None)
+                sampled = params is not None and params.temperature > SAMPLING_EPS
+                if params is not None:
+                    sampled_ids[rid] = sampled
+            if sampled:
+                return True
+        return False
 
     def lookahead(self, scheduler, request) -> int:
         """Draft-head slots to reserve for this request: K_max when seeded, else what the controller may
@@ -77,6 +96,7 @@ class SchedulerState:
         self.gaps.forget(req_id)
         self.reserved.pop(req_id, None)
         self.seeded_ids.pop(req_id, None)
+        self.sampled_ids.pop(req_id, None)
 
 
 def state_of(scheduler) -> SchedulerState | None:

@@ -64,7 +64,7 @@ def test_a_batch_held_in_steady_fallback_leaves_the_controller_where_a_choice_ea
     held, drafted_held, n_held = fallback_run(plain_s, spec_s=0.013, held=True)
     assert drafted_held == drafted_each and len(drafted_each) >= 3
     assert held.steps == each.steps and held.probes.next == each.probes.next
-    assert held.cost._xx == each.cost._xx and held.cost._xy == each.cost._xy
+    assert held.costs[False]._xx == each.costs[False]._xx and held.costs[False]._xy == each.costs[False]._xy
     speeds = [[(p.value, s.value) for p, s in ctrl.speeds.buckets.values()] for ctrl in (held, each)]
     assert speeds[0] == speeds[1]
     assert n_held > 0.8 * len(plain_s)

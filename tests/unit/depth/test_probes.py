@@ -57,7 +57,7 @@ def test_plain_decoding_measured_slower_brings_the_probe_forward_by_half_the_int
 
 def test_new_request_that_starts_at_zero_is_still_probed() -> None:
     ctrl = DepthController(DepthOptions(max_k=8, probe_every=4))
-    ctrl.cost._s[1] = 10.0  # verification looks prohibitively expensive at first, and is about as dear as it gains
+    ctrl.costs[False]._s[1] = 10.0  # verification looks prohibitively dear at first, and is about as dear as it gains
     ks = decode_alone(ctrl, alpha=0.9, steps=40, c1=10.0, req="fresh")
     assert ks[0] == 0 and ks.count(0) >= 25 and max(ks) > 0
 

@@ -308,3 +308,39 @@ def test_fallback_keeps_min_k_drafts(min_k: int) -> None:
         step(chosen[-1])
     assert not ctrl.speculating, "the premise: in fallback"
     assert min(min(ks) for ks in chosen) >= min_k
+
+
+
+def _alternating(ctrl: DepthController, blocks: int, sampled_extra: float | None) -> list[int]:
+    """Blocks of 40 steps of one request at a time (requests of 20 steps), greedy and, with `sampled_extra`, sampled
+    in turn. A drafting step costs 1.05 + 0.02 x its tokens, a sampled one `sampled_extra` more (its drafts'
+    verification), a plain one 1.0 + 0.02; drafts are accepted at 0.45 at the first position, then 0.15, then 0.1
+    (a weak head, as on SmolLM2, where K=1-2 pays). The K of the greedy steps."""
+    rates = [0.45, 0.15] + [0.1] * 6
+    rng, greedy_ks = np.random.default_rng(0), []
+    for block in range(blocks):
+        sampled = sampled_extra is not None and block % 2 == 1
+        for i in range(40):
+            req = f"{block}-{i // 20}"
+            (k,) = ctrl.choose([req], sampled=sampled)
+            accepted = 0
+            while accepted < k and rng.random() < rates[accepted]:
+                accepted += 1
+            ctrl.observe([req], [k], [accepted])
+            seconds = (1.05 + (sampled_extra if sampled else 0.0) if k else 1.0) + 0.02 * (1 + k)
+            ctrl.observe_step(Step(1 + k, k, seconds, 1, 1 + accepted, k, sampled=sampled))
+            if not sampled:
+                greedy_ks.append(k)
+    return greedy_ks
+
+
+def test_sampled_batches_get_a_cost_model_of_their_own() -> None:
+    """Sampled batches' drafting steps cost more (their verification); fitted together with greedy ones, that cost
+    lands on the draft's fixed cost and makes deeper drafts look cheap (K 3.0 where greedy steps alone lead to 1.7).
+    Priced apart, a greedy request gets about the K that greedy steps alone lead to."""
+    alone = _alternating(DepthController(DepthOptions(max_k=8, probe_every=8)), 8, None)
+    mixed = DepthController(DepthOptions(max_k=8, probe_every=8))
+    beside = _alternating(mixed, 16, 0.3)
+    assert set(mixed.costs) == {False, True}
+    assert mixed.costs[True].terms()[0] > mixed.costs[False].terms()[0] + 0.2  # the sampled fit's draft cost
+    assert abs(np.mean(beside[-120:]) - np.mean(alone[-120:])) < 0.5

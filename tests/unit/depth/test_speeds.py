@@ -26,8 +26,41 @@ def test_speeds_within_a_tie_keep_the_current_regime() -> None:
     spec.add(tokens=4 * (1 + TIE / 2), requests=4, seconds=0.01)
     assert speeds.rates(5) == pytest.approx((100.0, 100 * (1 + TIE / 2)))
     assert [speeds.speculation_faster(4, s) for s in (True, False)] == [True, False]
-    spec.add(tokens=4 * 1.5, requests=4, seconds=0.01)  # now clearly faster
+    speeds.time_speculation_afresh(bucket(4))
+    for _ in range(2):  # now clearly faster, in steps that agree
+        speeds.at(4)[1].add(tokens=4 * 1.5, requests=4, seconds=0.01)
     assert [speeds.speculation_faster(4, s) for s in (True, False)] == [True, True]
+
+
+def test_beyond_batch_1_a_difference_within_the_steps_noise_is_a_tie() -> None:
+    """Speculation 20% faster on average, but its steps' rates scatter by 50%: beyond batch 1 that is within
+    `NOISE_Z` standard errors, a tie (the regime stays); the same steady steps, or at batch 1, decide."""
+    speeds = MeasuredSpeeds()
+    for batch in (1, 4):
+        plain, spec = speeds.at(batch)
+        for seconds in (0.01,) * 4:
+            plain.add(tokens=batch, requests=batch, seconds=seconds)  # 100 tokens per request-second
+        for tokens in (0.6, 1.8, 0.6, 1.8):  # 60 and 180: 120 on average
+            spec.add(tokens=batch * tokens, requests=batch, seconds=0.01)
+    assert speeds.at(4)[0].error == pytest.approx(0.0) and speeds.at(4)[1].error > 20
+    assert [speeds.speculation_faster(4, s) for s in (True, False)] == [True, False]
+    assert [speeds.speculation_faster(1, s) for s in (True, False)] == [True, True]
+    speeds.time_speculation_afresh(bucket(4))
+    for _ in range(4):
+        speeds.at(4)[1].add(tokens=4 * 1.2, requests=4, seconds=0.01)
+    assert [speeds.speculation_faster(4, s) for s in (True, False)] == [True, True]
+
+
+def test_a_figure_s_error_is_the_standard_error_of_its_steps_rates() -> None:
+    """Equal weights (no decay): the sample standard deviation over sqrt(n); none before two steps."""
+    from peagle_vllm.depth.speeds import Speed
+
+    speed = Speed(decay=1.0)
+    speed.add(tokens=1.0, requests=1, seconds=1.0)
+    assert speed.error is None
+    for tokens in (2.0, 3.0):
+        speed.add(tokens=tokens, requests=1, seconds=1.0)
+    assert speed.error == pytest.approx(1.0 / 3 ** 0.5)  # rates 1, 2, 3: sd 1
 
 
 def test_a_figure_timed_afresh_starts_over_and_a_plain_figure_forgets_quickly() -> None:
