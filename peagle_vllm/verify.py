@@ -22,6 +22,8 @@ from typing import Protocol
 
 import torch
 
+from peagle_vllm import truncation
+
 PLACEHOLDER = -1
 
 
@@ -69,29 +71,23 @@ class VerifyResult:
 
 
 def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None = None,
-                 top_p: torch.Tensor | None = None, min_p: torch.Tensor | None = None) -> torch.Tensor:
+                 top_p: torch.Tensor | None = None, min_p: torch.Tensor | None = None,
+                 candidates: int | None = None) -> torch.Tensor:
     """Sampling distribution [N, V] (float32) from logits [N, V] and per-row parameters [N], in vLLM's
     order: temperature, min-p, then top-k and top-p. Rows with temperature 0 get temperature 1
     (greedy rows never read their probabilities). Per row, top_k <= 0 or >= V, top_p >= 1 and
-    min_p <= 0 mean off; None (as vLLM passes when no request uses the option) skips its work."""
+    min_p <= 0 mean off; None (as vLLM passes when no request uses the option) skips its work.
+    candidates: top-k/top-p decided from that many most likely tokens per row (`truncation.by_candidates`,
+    which reads the device: pass it for CPU tensors only); None sorts every row."""
     logits = logits.float() / torch.where(temperature > 0, temperature, 1.0).float().unsqueeze(-1)
     if min_p is not None:  # min_p 0: nothing is below 0 * max
         probs = logits.softmax(-1)
         too_small = probs < probs.amax(-1, keepdim=True) * min_p.float().unsqueeze(-1)
         logits = logits.masked_fill(too_small, float("-inf"))
     if top_k is not None or top_p is not None:
-        vocab = logits.shape[-1]
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        ranks = torch.arange(vocab, device=logits.device)
-        remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
-        if top_k is not None:  # k off (<= 0) becomes V: no rank reaches it
-            remove |= ranks >= torch.where(top_k > 0, top_k, vocab).unsqueeze(-1)
-        if top_p is not None:
-            sorted_probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(-1)
-            mass_before = sorted_probs.cumsum(-1) - sorted_probs
-            cut = (mass_before >= top_p.float().unsqueeze(-1)) & (ranks > 0)
-            remove |= cut & (top_p < 1).unsqueeze(-1)  # top_p 1 is off even where rounding pushes the mass past 1
-        logits = logits.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
+        remove = (truncation.by_sorting(logits, top_k, top_p) if candidates is None
+                  else truncation.by_candidates(logits, top_k, top_p, candidates))
+        logits = logits.masked_fill(remove, float("-inf"))
     return logits.softmax(-1)
 
 

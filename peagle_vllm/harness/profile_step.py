@@ -103,7 +103,8 @@ def _summary(steps: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def profile(target: str, spec: dict | None, prompt: str, max_tokens: int) -> dict:
+def profile(target: str, spec: dict | None, prompt: str, max_tokens: int, temperature: float = 0.0,
+            top_p: float = 1.0) -> dict:
     """Decode steps of one request (prefill and warm-up excluded), split by the target forward's token count."""
     from vllm import SamplingParams
 
@@ -112,10 +113,11 @@ def profile(target: str, spec: dict | None, prompt: str, max_tokens: int) -> dic
     clock = CLOCK
     instrument(clock)
     llm = make_llm(target, spec, max_num_seqs=1, enable_prefix_caching=False)
-    llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)  # warm-up
+    params = dict(temperature=temperature, top_p=top_p)  # unseeded, as the benchmark's requests
+    llm.generate([prompt], SamplingParams(max_tokens=16, **params), use_tqdm=False)  # warm-up
     clock.steps.clear()
     clock.current.clear()
-    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+    out = llm.generate([prompt], SamplingParams(max_tokens=max_tokens, ignore_eos=True, **params),
                        use_tqdm=False)[0]
     close_llm(llm)
     decode = [s for s in clock.steps[1:] if s.get("forward tokens", 0) <= 33]  # the first step is the prefill
@@ -135,6 +137,8 @@ def main() -> None:
     parser.add_argument("--speculative-config", help="JSON; omitted: plain decoding")
     parser.add_argument("--prompt", default="Write a Python function that reverses a string.")
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
     from peagle_vllm.harness.prompts import chat_prompts
@@ -143,7 +147,8 @@ def main() -> None:
     set_cpu_defaults()
     quiet_vllm()
     spec = json.loads(args.speculative_config) if args.speculative_config else None
-    result = profile(args.target, spec, chat_prompts(args.target, [args.prompt])[0], args.max_tokens)
+    result = profile(args.target, spec, chat_prompts(args.target, [args.prompt])[0], args.max_tokens,
+                     args.temperature, args.top_p)
     text = json.dumps(result, indent=1)
     if args.json:
         args.json.write_text(text)

@@ -79,7 +79,8 @@ def test_verify_all_greedy_and_lossy() -> None:
 def test_sample_drafts(sampled: bool) -> None:
     logits = torch.randn(B, K, VD, generator=torch.Generator().manual_seed(2))
     temperature = torch.tensor([0.0, 0.7, 1.0, 1.3]) if sampled else None
-    ids, q = on_fake(sample_drafts, logits, torch.randperm(V)[:VD], temperature, None, V)
+    top_k, top_p = (torch.tensor([VD, 3, 0, VD]), torch.tensor([1.0, 0.9, 0.5, 1.0])) if sampled else (None, None)
+    ids, q = on_fake(sample_drafts, logits, torch.randperm(V)[:VD], temperature, None, V, top_k, top_p)
     assert ids.shape == (B, K) and (q is None) != sampled and (q is None or q.shape == (B, K, V))
 
 

@@ -99,3 +99,24 @@ def test_each_draft_position_is_sampled_from_its_own_row(temperature: float) -> 
         counts = torch.bincount(ids[:, j], minlength=VD)
         assert _pvalue(counts, q[0, j]) > 1e-3
         assert int(counts.argmax()) == int(base[j].argmax())
+
+
+@pytest.mark.parametrize("candidates", [None, 2])
+def test_a_requests_top_k_and_top_p_cut_its_q_and_its_drafts_follow_it(candidates: int | None) -> None:
+    """Row 0 with top-p 0.5, row 1 with top-k 2, row 2 with neither: q is the draft softmax cut as the target's
+    distribution would be (`target_probs` over the draft vocabulary), and the drafts fall inside the cut."""
+    n, k = 3, 2
+    logits = _logits(b=n, k=k, seed=3)
+    temperature, top_k, top_p = torch.ones(n), torch.tensor([VD, 2, VD]), torch.tensor([0.5, 1.0, 1.0])
+    torch.manual_seed(0)
+    ids, q = sample_drafts(logits, DRAFT_TO_TARGET, temperature, None, V, top_k, top_p, candidates)
+    full = logits.softmax(-1)
+    kept = (q[:, :, DRAFT_TO_TARGET] > 0)
+    assert kept[2].all(), "no option: nothing cut"
+    assert (kept[1].sum(-1) == 2).all() and torch.equal(kept[1], full[1] >= full[1].topk(2, -1).values[:, -1:])
+    nucleus = kept[0]  # the fewest most likely draft tokens reaching half the mass
+    assert (nucleus.sum(-1) < VD).all() and ((full[0] * nucleus).sum(-1) >= 0.5).all()
+    assert torch.allclose(q[:, :, DRAFT_TO_TARGET][kept], (full / (full * kept).sum(-1, keepdim=True))[kept])
+    for _ in range(50):
+        ids, q = sample_drafts(logits, DRAFT_TO_TARGET, temperature, None, V, top_k, top_p, candidates)
+        assert (q.gather(2, ids.unsqueeze(2)) > 0).all(), "every draft is inside its row's cut"

@@ -18,6 +18,7 @@ from vllm.v1.spec_decode.utils import PADDING_SLOT_ID
 from peagle_vllm.proposer import sample_drafts
 from peagle_vllm.rollback import beyond_capacity
 from peagle_vllm.timing import SectionTimer
+from peagle_vllm.truncation import CPU_CANDIDATES
 from peagle_vllm.vllm_adapter.log import logger
 from peagle_vllm.vllm_adapter.v1.draft_model import PEagleDraftModel
 
@@ -38,6 +39,8 @@ class PEagleProposer(EagleProposer):
         self._bad_rows = torch.zeros((), dtype=torch.long, device=device)
         self._warned_bad = False
         self.draft_timer = SectionTimer(device)  # time of each draft (inputs, head forward, sampling)
+        # top-k/top-p of sampled drafts from the candidates where reading the device is free
+        self._top_p_candidates = CPU_CANDIDATES if torch.device(device).type == "cpu" else None
 
     def load_model(self, target_model: torch.nn.Module) -> None:
         """Loads our head (vLLM's loader), then caches fc(mask_hidden) for the mask slots.
@@ -158,9 +161,11 @@ class PEagleProposer(EagleProposer):
         # [B*K, H] -> [B, K, Vd]
         logits = self.model.draft_logits(normed).view(batch_size, k, -1)
         logits = self._sanitize(logits)
-        temperature = None if sampling_metadata.all_greedy else sampling_metadata.temperature[:batch_size]
-        drafts, probs = sample_drafts(logits, self._draft_to_target, temperature,
-                                      sampling_metadata.generators, self.model.cfg.vocab_size)
+        sm = sampling_metadata
+        temperature, top_k, top_p = (None if sm.all_greedy or x is None else x[:batch_size]
+                                     for x in (sm.temperature, sm.top_k, sm.top_p))
+        drafts, probs = sample_drafts(logits, self._draft_to_target, temperature, sm.generators,
+                                      self.model.cfg.vocab_size, top_k, top_p, self._top_p_candidates)
         self._last_draft_probs = probs
         self.last_drafts = drafts
         return drafts

@@ -18,8 +18,10 @@ from __future__ import annotations
 import contextlib
 import functools
 
+import torch
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, ModelRunnerOutput
 
+from peagle_vllm.truncation import CPU_CANDIDATES
 from peagle_vllm.vllm_adapter.v1 import carriers, generator_hook, rollback_hook
 from peagle_vllm.vllm_adapter.v1.carriers import is_marked, mark_of
 
@@ -39,10 +41,12 @@ def wrap_init(original):
         with registry.activate() if registry is not None else contextlib.nullcontext():
             options = mark_of(spec).options
             # max_rows: the requests `_dummy_sampler_run` samples in vLLM's profile run (one draft each)
+            on_cpu = torch.device(device).type == "cpu"
             self.rejection_sampler = PEagleRejectionSampler(self.sampler, spec, device, verify_mode=options.verify,
                                                             verifier_accept_k=options.verifier_accept_k,
                                                             accept_tolerance=options.accept_tolerance,
-                                                            max_rows=min(self.max_num_tokens, self.max_num_reqs))
+                                                            max_rows=min(self.max_num_tokens, self.max_num_reqs),
+                                                            top_p_candidates=CPU_CANDIDATES if on_cpu else None)
 
     return __init__
 

@@ -2,10 +2,11 @@
 logits, sampling_metadata) -> SamplerOutput`) with our verification (`peagle_vllm.verify`).
 
 Kept from vLLM: the bonus token from vLLM's own Sampler (so it honours every sampling option and
-seed exactly as plain decoding does), penalties/bad-words/min-tokens on the draft rows, logprobs
-and the output layout. Ours: the processed target distribution (temperature, top-k, top-p in plain
-torch: no crash on CPU; vLLM itself refuses min_p requests under speculation) and greedy/token-wise/
-block acceptance, lossless on CPU and GPU; opt-in lossy acceptance of greedy requests' drafts
+seed exactly as plain decoding does; on CPU its top-k/top-p mask comes from `truncation`, `bonus_sampler`),
+penalties/bad-words/min-tokens on the draft rows, logprobs and the output layout. Ours: the processed target
+distribution (temperature, top-k, top-p in plain torch: no crash on CPU; on CPU from each row's most likely
+tokens, `truncation`; vLLM itself refuses min_p requests under speculation) and greedy/token-wise/block
+acceptance, lossless on CPU and GPU; opt-in lossy acceptance of greedy requests' drafts
 (`verifier_accept_k` / `accept_tolerance`, `verify.within_tolerance`). The [B, K] layout is built from
 vLLM's device-side cu_num_draft_tokens: no host list is copied to the device per step.
 
@@ -26,6 +27,7 @@ from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor
 from vllm.v1.sample.rejection_sampler import RejectionSampler
 
 from peagle_vllm.verify import is_lossy, target_probs, verify
+from peagle_vllm.vllm_adapter.v1.bonus_sampler import with_candidate_top_p
 
 
 def _per_draft(x: torch.Tensor | None, num_draft: torch.Tensor, rows: int) -> torch.Tensor | None:
@@ -107,23 +109,27 @@ class TargetChunks:
 
 class PEagleRejectionSampler(RejectionSampler):
     def __init__(self, sampler, spec_config, device, verify_mode: str = "auto", verifier_accept_k: int = 1,
-                 accept_tolerance: float = 0.0, max_rows: int | None = None) -> None:
+                 accept_tolerance: float = 0.0, max_rows: int | None = None,
+                 top_p_candidates: int | None = None) -> None:
         """max_rows: the requests vLLM's profile run samples (min(max_num_batched_tokens, max_num_seqs)), the
-        most draft rows processed at once; None: one draft position (B rows) at a time."""
+        most draft rows processed at once; None: one draft position (B rows) at a time. top_p_candidates:
+        top-k/top-p from that many most likely tokens per row (`verify.target_probs`; it reads the device, so
+        CPU only: `truncation.CPU_CANDIDATES`); None sorts every row."""
         super().__init__(sampler, spec_config, device)
         self.verify_mode = verify_mode
-        self.max_rows = max_rows
+        self.max_rows, self.top_p_candidates = max_rows, top_p_candidates
+        self.bonus_sampler = sampler if top_p_candidates is None else with_candidate_top_p(sampler, top_p_candidates)
         self.accept_k, self.accept_tolerance = verifier_accept_k, accept_tolerance
         self.lossy = is_lossy(verifier_accept_k, accept_tolerance)
 
     def forward(self, metadata, draft_probs, logits, sampling_metadata) -> SamplerOutput:
         k = metadata.max_spec_len
-        if k == 0:  # no request has drafts (adaptive depth in fallback): exactly plain decoding's sampling
-            return self.sampler(logits=logits[metadata.bonus_logits_indices], sampling_metadata=sampling_metadata)
+        if k == 0:  # no request has drafts (adaptive depth in fallback): plain decoding's sampling, same mask
+            return self.bonus_sampler(logits=logits[metadata.bonus_logits_indices], sampling_metadata=sampling_metadata)
         b = len(metadata.num_draft_tokens)
         dev = logits.device
         logprobs = sampling_metadata.max_num_logprobs is not None
-        bonus_out = self.sampler(  # full raw logits back ([B, V] float32) only when logprobs need them
+        bonus_out = self.bonus_sampler(  # full raw logits back ([B, V] float32) only when logprobs need them
             logits=logits[metadata.bonus_logits_indices],
             sampling_metadata=replace(sampling_metadata, max_num_logprobs=-1) if logprobs else sampling_metadata,
             predict_bonus_token=True,
@@ -160,7 +166,8 @@ class PEagleRejectionSampler(RejectionSampler):
             options = [_per_draft(x, num_draft, rows) for x in (temp, sampling_metadata.top_k, sampling_metadata.top_p)]
 
             def make(r: torch.Tensor) -> torch.Tensor:  # flat draft rows [n] -> target distributions [n, V]
-                return target_probs(processed_rows(r), *(None if x is None else x[r] for x in options))
+                return target_probs(processed_rows(r), *(None if x is None else x[r] for x in options),
+                                    candidates=self.top_p_candidates)
 
             probs = TargetChunks(make, index, valid, logits.shape[-1], cap)
             q = None if draft_probs is None else DraftRows(draft_probs, index, valid)

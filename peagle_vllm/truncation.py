@@ -1,0 +1,69 @@
+"""Which tokens top-k and top-p remove from a row of logits, in vLLM's order (top-k first, then top-p over what
+top-k kept): a token is removed by top-p when the probability of the tokens ranked above it reaches top_p.
+
+Two ways to the same mask. `by_sorting` sorts the whole vocabulary and reads nothing back to the host.
+`by_candidates` looks only at each row's `candidates` most likely tokens, which decide every row whose top-k
+cut or top-p mass falls among them (at T=1, top-p 0.9 a language model's row usually does), and sorts the
+others: sorting a 49k vocabulary is ~3 ms a row on a CPU core, the candidates ~0.1 ms. Picking the rows to sort
+reads the device, so callers use it only where that is free (CPU tensors).
+"""
+
+from __future__ import annotations
+
+import torch
+
+CPU_CANDIDATES = 256  # `by_candidates`' candidates per row where reading the device is free (CPU tensors)
+
+
+def _k_of(top_k: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[N] top-k per row with off (<= 0 or >= V) as V: no rank reaches it."""
+    return torch.where((top_k > 0) & (top_k < vocab), top_k, vocab).long()
+
+
+def by_sorting(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """[N, V] bool, True where top-k / top-p remove the token. logits [N, V] float32; top_k, top_p [N] or None."""
+    vocab = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=logits.device)
+    remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if top_k is not None:
+        remove |= ranks >= _k_of(top_k, vocab).unsqueeze(-1)
+    if top_p is not None:
+        sorted_probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(-1)
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        cut = (mass_before >= top_p.float().unsqueeze(-1)) & (ranks > 0)
+        remove |= cut & (top_p < 1).unsqueeze(-1)  # top_p 1 is off even where rounding pushes the mass past 1
+    return remove.scatter(-1, order, remove)
+
+
+def by_candidates(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
+                  candidates: int) -> torch.Tensor:
+    """`by_sorting`'s mask from each row's `candidates` most likely tokens; rows they do not decide (top-k beyond
+    them, or their mass short of top_p) are sorted whole. Reads the device: for CPU tensors."""
+    n, vocab = logits.shape
+    c = min(candidates, vocab)
+    top, _ = logits.topk(c, dim=-1)  # [N, c], descending
+    ranks = torch.arange(c, device=logits.device)
+    k = _k_of(top_k, vocab) if top_k is not None else torch.full((n,), vocab, device=logits.device)
+    removed = ranks >= k.unsqueeze(-1)  # [N, c]
+    decided = k <= c  # top-k alone removes every token past the candidates
+    if top_p is not None:
+        # Normaliser: top-k's kept candidates where top-k decides the row, else the whole vocabulary (where
+        # top-k keeps more than the candidates the row is sorted whole below, so its normaliser is not needed).
+        log_norm = torch.where(decided, top.masked_fill(removed, float("-inf")).logsumexp(-1), logits.logsumexp(-1))
+        probs = (top - log_norm.unsqueeze(-1)).exp().masked_fill(removed, 0)
+        mass_before = probs.cumsum(-1) - probs
+        p_on = top_p < 1
+        removed |= (mass_before >= top_p.float().unsqueeze(-1)) & (ranks > 0) & p_on.unsqueeze(-1)
+        decided |= p_on & (probs.sum(-1) >= top_p)  # the first token past the candidates is cut
+        nothing_on = ~p_on & (k >= vocab)
+    else:
+        nothing_on = k >= vocab
+    lowest_kept = top.masked_fill(removed, float("inf")).amin(-1)  # [N]
+    lowest_kept = torch.where(nothing_on, float("-inf"), lowest_kept)
+    remove = logits < lowest_kept.unsqueeze(-1)
+    to_sort = (~decided & ~nothing_on).nonzero().squeeze(-1)  # the host read
+    if to_sort.numel():
+        remove[to_sort] = by_sorting(logits[to_sort], None if top_k is None else top_k[to_sort],
+                                     None if top_p is None else top_p[to_sort])
+    return remove

@@ -1,0 +1,80 @@
+"""top-k / top-p from each row's most likely tokens (`truncation.by_candidates`) remove exactly what sorting the
+whole row removes (`truncation.by_sorting`), on rows the candidates decide and rows they leave to the sort."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from peagle_vllm import truncation
+from peagle_vllm.verify import target_probs
+
+V = 2000
+
+
+def _rows(n: int, seed: int) -> torch.Tensor:
+    """Peaked rows (the candidates decide them) and flat ones (they do not), with a -inf tail (min-p) in some."""
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.tensor([8.0, 0.3, 3.0, 1.0] * n)[:n].unsqueeze(1)
+    logits = torch.randn(n, V, generator=g) * scale
+    logits[1::3, V // 2:] = float("-inf")
+    return logits
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("options", ["top_p", "top_k", "both"])
+def test_candidates_remove_what_sorting_removes(seed: int, options: str) -> None:
+    n = 12
+    logits = _rows(n, seed)
+    top_p = torch.tensor([0.5, 0.9, 0.99, 1.0, 0.95, 0.3] * 2) if options != "top_k" else None
+    top_k = torch.tensor([0, 5, 40, 300, V, 64, 1, 1000, -1, 20, 200, 63]) if options != "top_p" else None
+    expected = truncation.by_sorting(logits, top_k, top_p)
+    got = truncation.by_candidates(logits, top_k, top_p, candidates=64)
+    assert torch.equal(got, expected)
+    kept = (~expected).sum(-1)
+    assert (kept > 64).any() and (kept <= 64).any(), "both kinds of row are exercised"
+
+
+def test_target_probs_is_the_same_either_way() -> None:
+    logits = _rows(8, 7)
+    temperature, top_p = torch.full((8,), 0.8), torch.full((8,), 0.9)
+    assert torch.equal(target_probs(logits, temperature, top_p=top_p),
+                       target_probs(logits, temperature, top_p=top_p, candidates=32))
+
+
+@pytest.mark.parametrize("logprobs_mode", ["raw_logprobs", "processed_logits"])
+def test_the_cpu_bonus_sampler_draws_what_vllms_sampler_draws_from_the_same_seeds(logprobs_mode: str) -> None:
+    """`bonus_sampler.with_candidate_top_p` against vLLM's Sampler on the same logits and seeded generators:
+    the same tokens (the same mask, then vLLM's own draw), and the same processed logits."""
+    pytest.importorskip("vllm")
+    import vllm._custom_ops  # noqa: F401  (the CPU sampler's kernels)
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+    from vllm.v1.sample.metadata import SamplingMetadata
+    from vllm.v1.sample.sampler import Sampler
+
+    from peagle_vllm.vllm_adapter.v1.bonus_sampler import with_candidate_top_p
+
+    n = 12
+    logits = _rows(n, 3)
+    temperature = torch.tensor([0.0, 0.7, 1.0, 1.3] * 3)
+
+    def metadata(seed: int) -> SamplingMetadata:
+        return SamplingMetadata(
+            temperature=temperature, all_greedy=False, all_random=False,
+            top_p=torch.tensor([0.5, 0.9, 0.99, 1.0, 0.95, 0.3] * 2),
+            top_k=torch.tensor([V, 5, 40, 300, V, 64, 1, 1000, V, 20, 200, 63]),  # off: V, as vLLM passes it
+            generators={i: torch.Generator().manual_seed(seed * 100 + i) for i in range(n)},
+            max_num_logprobs=None, no_penalties=True, prompt_token_ids=None, frequency_penalties=torch.zeros(n),
+            presence_penalties=torch.zeros(n), repetition_penalties=torch.ones(n), output_token_ids=[[]] * n,
+            allowed_token_ids_mask=None, bad_words_token_ids={}, logitsprocs=LogitsProcessors())
+
+    vllms = Sampler(logprobs_mode=logprobs_mode)
+    ours = with_candidate_top_p(vllms, candidates=64)
+    drawn = set()
+    for seed in range(20):
+        expected = vllms.sample(logits.clone(), metadata(seed))
+        got = ours.sample(logits.clone(), metadata(seed))
+        assert torch.equal(got[0], expected[0])
+        if logprobs_mode == "processed_logits":
+            assert torch.equal(got[1], expected[1])
+        drawn.update(got[0][1:].tolist())
+    assert len(drawn) > 20, "the draws vary with the seed"
