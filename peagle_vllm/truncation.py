@@ -48,14 +48,15 @@ def by_candidates(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch
     removed = ranks >= k.unsqueeze(-1)  # [N, c]
     decided = k <= c  # top-k alone removes every token past the candidates
     if top_p is not None:
-        # Normaliser: top-k's kept candidates where top-k decides the row, else the whole vocabulary (where
-        # top-k keeps more than the candidates the row is sorted whole below, so its normaliser is not needed).
+        # Normaliser: top-k's kept candidates where top-k decides the row, else the whole vocabulary, which is
+        # right only without top-k: a top-k beyond the candidates renormalises over tokens not seen here, so such
+        # rows are sorted whole below.
         log_norm = torch.where(decided, top.masked_fill(removed, float("-inf")).logsumexp(-1), logits.logsumexp(-1))
         probs = (top - log_norm.unsqueeze(-1)).exp().masked_fill(removed, 0)
         mass_before = probs.cumsum(-1) - probs
         p_on = top_p < 1
         removed |= (mass_before >= top_p.float().unsqueeze(-1)) & (ranks > 0) & p_on.unsqueeze(-1)
-        decided |= p_on & (probs.sum(-1) >= top_p)  # the first token past the candidates is cut
+        decided |= p_on & (k >= vocab) & (probs.sum(-1) >= top_p)  # the first token past the candidates is cut
         nothing_on = ~p_on & (k >= vocab)
     else:
         nothing_on = k >= vocab

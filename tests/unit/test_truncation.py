@@ -34,6 +34,19 @@ def test_candidates_remove_what_sorting_removes(seed: int, options: str) -> None
     assert (kept > 64).any() and (kept <= 64).any(), "both kinds of row are exercised"
 
 
+def test_a_top_k_beyond_the_candidates_renormalises_top_p_over_tokens_they_do_not_hold() -> None:
+    """top-k 1000 keeps 73% of the mass; top-p 0.4 then cuts within the 64 candidates by full-vocabulary mass, but
+    not where top-p over the top-k tokens cuts: such a row is sorted whole."""
+    logits = torch.zeros(1, V)
+    logits[0, :64] = torch.linspace(6, 5, 64)
+    logits[0, 64:1000] = torch.linspace(2.5, 2, 936)
+    logits[0, 1000:] = torch.linspace(2.5, 2, V - 1000) - 0.01
+    top_k, top_p = torch.tensor([1000]), torch.tensor([0.4])
+    expected = truncation.by_sorting(logits, top_k, top_p)
+    assert torch.equal(truncation.by_candidates(logits, top_k, top_p, candidates=64), expected)
+    assert not torch.equal(expected, truncation.by_sorting(logits, None, top_p)), "top-k changes the top-p cut"
+
+
 def test_target_probs_is_the_same_either_way() -> None:
     logits = _rows(8, 7)
     temperature, top_p = torch.full((8,), 0.8), torch.full((8,), 0.9)
