@@ -100,6 +100,9 @@ V2_API: tuple[Need, ...] = (
     Need(SPECULATOR, "DraftModelSpeculator.prepare_propose", ("self", "input_batch"), contains=None),
     Need(SPECULATOR, "DraftModelSpeculator._build_uniform_attn_metadata",
          ("self", "batch_desc", "num_reqs", "num_query_per_req", "seq_lens_cpu_upper_bound", "step", "causal")),
+    Need(SPECULATOR, "DraftModelSpeculator._build_drafter_attn_metadata",
+         ("self", "input_batch", "attn_metadata", "slot_mappings")),
+    Need("vllm/model_executor/layers/attention/attention.py", "Attention.layer_name"),
     *(Need(SPECULATOR, f"DraftModelSpeculator.{a}") for a in (
         "draft_tokens", "input_buffers", "num_speculative_steps", "draft_model_config", "speculative_config",
         "vllm_config", "dtype", "device", "draft_logits", "draft_max_seq_len", "draft_attn_layer_names", "model",

@@ -43,7 +43,7 @@ def build_tiny_target(out: Path, hidden: int = 128, layers: int = 4, vocab: int 
 
 
 def tiny_head_config(target: Path, variant: str = "standard", k: int = 8, draft_vocab: int | None = None,
-                     aux: list[int] | None = None) -> HeadConfig:
+                     aux: list[int] | None = None, layers: int = 1) -> HeadConfig:
     import json
 
     t = json.loads((target / "config.json").read_text())
@@ -54,13 +54,13 @@ def tiny_head_config(target: Path, variant: str = "standard", k: int = 8, draft_
                       draft_vocab_size=draft_vocab or t["vocab_size"], intermediate_size=2 * t["hidden_size"],
                       num_attention_heads=2, num_key_value_heads=2, aux_layer_ids=aux or [1, 2, 3],
                       mask_token_id=mask_id, variant=variant, trained_depth=k,
-                      fc_norm=variant == "depth", norm_output=variant == "depth")
+                      fc_norm=variant == "depth", norm_output=variant == "depth", num_hidden_layers=layers)
 
 
 def build_random_head(target: Path, out: Path, variant: str = "standard", k: int = 8,
-                      draft_vocab: int | None = None, seed: int = 1, zero_lm_head: bool = False) -> Path:
+                      draft_vocab: int | None = None, seed: int = 1, zero_lm_head: bool = False, layers: int = 1) -> Path:
     torch.manual_seed(seed)
-    cfg = tiny_head_config(target, variant, k, draft_vocab)
+    cfg = tiny_head_config(target, variant, k, draft_vocab, layers=layers)
     head = PEagleHead(cfg)
     with torch.no_grad():
         for name, p in head.named_parameters():

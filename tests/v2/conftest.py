@@ -64,15 +64,16 @@ def to_vllm_layout(src: Path, out: Path) -> Path:
 @pytest.fixture(scope="session")
 def models(tmp_path_factory) -> dict[str, Path]:
     """A random tiny target (hidden 64, vocabulary 512, 4 layers) and heads for it: `standard` (one shared mask
-    state), `depth` (one mask state per depth, a 256-token draft vocabulary), and `vllm_layout` (the depth head
-    in vLLM's layout)."""
+    state), `depth` (one mask state per depth, a 256-token draft vocabulary), `vllm_layout` (the depth head
+    in vLLM's layout), and `two_layer` (a depth head of two decoder layers, as the published 4-layer heads)."""
     from tiny_models import build_random_head, build_tiny_target
 
     root = tmp_path_factory.mktemp("v2models")
     target = build_tiny_target(root / "target", hidden=HIDDEN, layers=LAYERS, vocab=VOCAB)
     depth = build_random_head(target, root / "depth", variant="depth", k=DEPTH, draft_vocab=256, seed=3)
     return {"target": target, "standard": build_random_head(target, root / "standard", k=DEPTH, seed=2),
-            "depth": depth, "vllm_layout": to_vllm_layout(depth, root / "vllm_layout"), "root": root}
+            "depth": depth, "vllm_layout": to_vllm_layout(depth, root / "vllm_layout"), "root": root,
+            "two_layer": build_random_head(target, root / "two_layer", variant="depth", k=DEPTH, seed=4, layers=2)}
 
 
 @pytest.fixture(scope="session")

@@ -38,31 +38,54 @@ def _batch(seed: int = 0):
 
 
 class PagedCacheStandIn:
-    """Holds what the speculator would write to the paged draft KV cache, and attends over it with SDPA."""
+    """Holds what the speculator would write to the paged draft KV cache, layer by layer, and attends over it with
+    SDPA. Context rows as the speculator stores them: a 1-layer head's K/V from their inputs (`context_kv`), a
+    deeper head's by a forward over the target batch's rows (each row attending to its request's rows causally)."""
 
     def __init__(self, model, inputs) -> None:
         self.model, self.inputs = model, inputs
+        self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> context rows' k, v [N, kv*hd]
 
     def store(self, context, hidden) -> None:
         self.context = context
-        self.key, self.value = self.model.context_kv(context.input_ids, self.inputs.positions, hidden)
+        if len(self.model.model.layers) == 1:
+            self.kv[0] = self.model.context_kv(context.input_ids, self.inputs.positions, hidden)
+        else:
+            self.model(context.input_ids, self.inputs.positions, hidden, attend=self.attend_context)
 
-    def attend(self, q, k, v):
-        """q [B*K, heads*hd], k/v [B*K, kv*hd] of the query rows -> [B*K, heads*hd]."""
-        cfg, qsl = self.model.cfg, self.inputs.query_start_loc
+    def _rows(self, r: int) -> torch.Tensor:
+        qsl = self.inputs.query_start_loc
+        return torch.arange(int(qsl[r]), int(qsl[r + 1]))
+
+    def _sdpa(self, q, k, v, mask):
+        cfg = self.model.cfg
         hd, heads, kv_heads = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-        b = qsl.shape[0] - 1
+        qs = q.view(len(q), heads, hd).transpose(0, 1)
+        ks = k.view(len(k), kv_heads, hd).transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
+        vs = v.view(len(v), kv_heads, hd).transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
+        return F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask).transpose(0, 1).reshape(len(q), -1)
+
+    def attend_context(self, layer, q, k, v):
+        """The context forward: q, k, v [N, *] of the target batch's rows -> [N, heads*hd]."""
+        self.kv[layer] = (k, v)
         out = []
-        for r in range(b):
-            rows = torch.arange(int(qsl[r]), int(qsl[r + 1]))
+        for r in range(self.inputs.query_start_loc.shape[0] - 1):
+            rows = self._rows(r)
+            out.append(self._sdpa(q[rows], k[rows], v[rows], torch.ones(len(rows), len(rows), dtype=torch.bool).tril()))
+        return torch.cat(out)
+
+    def attend(self, layer, q, k, v):
+        """The query pass: q [B*K, heads*hd], k/v [B*K, kv*hd] -> [B*K, heads*hd], over the stored context rows
+        (valid rows before P) and the request's query rows up to each one."""
+        key, value = self.kv[layer]
+        out = []
+        for r in range(self.inputs.query_start_loc.shape[0] - 1):
+            rows = self._rows(r)
             stored = rows[self.context.store[rows]]
-            ks = torch.cat([self.key[stored], k[r * K:(r + 1) * K]]).view(-1, kv_heads, hd).transpose(0, 1)
-            vs = torch.cat([self.value[stored], v[r * K:(r + 1) * K]]).view(-1, kv_heads, hd).transpose(0, 1)
-            qs = q[r * K:(r + 1) * K].view(K, heads, hd).transpose(0, 1)
-            ks, vs = ks.repeat_interleave(heads // kv_heads, 0), vs.repeat_interleave(heads // kv_heads, 0)
-            c = len(stored)
+            c, block = len(stored), slice(r * K, (r + 1) * K)
             mask = torch.ones(K, c + K, dtype=torch.bool).tril(diagonal=c)  # query i sees context + queries <= i
-            out.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask).transpose(0, 1).reshape(K, -1))
+            out.append(self._sdpa(q[block], torch.cat([key[stored], k[block]]), torch.cat([value[stored], v[block]]),
+                                  mask))
         return torch.cat(out)
 
     def run_query(self, query, hidden):
@@ -93,7 +116,7 @@ def _reference(head, inputs, r: int, bonus: int):
         return head.target_logits(normed[0, -K:])
 
 
-@pytest.mark.parametrize("name", ["standard", "depth", "vllm_layout"])
+@pytest.mark.parametrize("name", ["standard", "depth", "vllm_layout", "two_layer"])
 def test_one_forward_drafts_equal_the_core_head(make_spec, build_draft_model, name) -> None:
     from peagle_vllm.checkpoint import load_head
 
@@ -102,7 +125,8 @@ def test_one_forward_drafts_equal_the_core_head(make_spec, build_draft_model, na
     inputs = _batch()
     before = model.num_forwards
     step = _draft(model, inputs)
-    assert model.num_forwards == before + 1  # all K drafts of every request: ONE head forward
+    # all K drafts of every request: ONE query forward (a deeper head: after one forward over the context rows)
+    assert model.num_forwards == before + (1 if name != "two_layer" else 2)
     assert step.tokens.shape == (2, K)
     for r, bonus in enumerate([77, 99]):
         ref = _reference(head, inputs, r, bonus)

@@ -115,9 +115,9 @@ def fake_weights(model: torch.nn.Module, mode: FakeTensorMode):
 
 
 def _causal_over_queries(heads: int, kv_heads: int, hd: int):
-    """attend(q, k, v) [B*K, heads*hd / kv_heads*hd] -> [B*K, heads*hd]: causal attention within each request's K
-    query rows (a data-independent stand-in for the paged kernel, which also reads the stored context)."""
-    def attend(q, k, v):
+    """attend(layer, q, k, v) [B*K, heads*hd / kv_heads*hd] -> [B*K, heads*hd]: causal attention within each
+    request's K query rows (a data-independent stand-in for the paged kernel, which also reads the stored context)."""
+    def attend(layer, q, k, v):
         b = q.shape[0] // K
         q = q.view(b, K, heads, hd).transpose(1, 2)
         k, v = (x.view(b, K, kv_heads, hd).transpose(1, 2).repeat_interleave(heads // kv_heads, 1) for x in (k, v))
@@ -185,14 +185,15 @@ def _fake_speculator(model, vllm_env, mode: FakeTensorMode):
     return s
 
 
-@pytest.mark.parametrize("name", ["standard", "depth"])
+@pytest.mark.parametrize("name", ["standard", "depth", "two_layer"])
 @pytest.mark.parametrize("dummy_run", [True, False])
 def test_speculator_propose_and_observe(make_spec, build_draft_model, vllm_env, name, dummy_run) -> None:
     """`PEagleSpeculator.propose` and `observe_verification`, every tensor fake, the speculator's buffers included
     ('standard' shares the target vocabulary: the case where `model.draft_to_target` reads d2t). A real step
     (dummy_run False) also stores context K/V and caches the draft logits; two stand-ins there: a recorder for
     vLLM's KV-cache write kernel, and no attention metadata (`_query_attention` builds vLLM's from the runner's
-    block tables), so vLLM's attention layer computes nothing, as in its dummy runs."""
+    block tables), so vLLM's attention layer computes nothing, as in its dummy runs. A two-layer head runs its
+    context forward instead of the 1-layer K/V store."""
     from vllm.config import set_current_vllm_config
     from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
     from vllm.v1.worker.gpu.spec_decode.draft_logits import DraftLogitsCache
@@ -217,4 +218,6 @@ def test_speculator_propose_and_observe(make_spec, build_draft_model, vllm_env, 
                                dummy_run=dummy_run, skip_attn_for_dummy_run=dummy_run)
             s.observe_verification(batch.idx_mapping, torch.ones(b, dtype=torch.long), torch.zeros(b, dtype=torch.long))
     assert drafts.shape == (b, K) and s.num_proposals == 1 and s.metrics.num_steps == 1
-    assert len(writes) == (0 if dummy_run else 1)
+    one_layer = name != "two_layer"
+    assert len(writes) == (1 if one_layer and not dummy_run else 0)
+    assert model.num_forwards == (1 if one_layer else 2)

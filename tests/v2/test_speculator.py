@@ -15,19 +15,23 @@ import torch
 pytest.importorskip("vllm", minversion="0.34", reason="the V2 adapter needs vLLM 0.34 or later")
 
 
-@pytest.fixture()
-def speculator(make_spec, build_draft_model, vllm_env):
+def _speculator(make_spec, build_draft_model, vllm_env, head: str):
     from vllm.config import set_current_vllm_config
 
     from peagle_vllm.vllm_adapter.v2.speculator import PEagleSpeculator
 
-    spec = make_spec("depth", num_speculative_tokens=6)
+    spec = make_spec(head, num_speculative_tokens=6)
     model = build_draft_model(spec)  # sets vllm_env.speculative_config = spec
     with set_current_vllm_config(vllm_env):
         s = PEagleSpeculator(vllm_env, torch.device("cpu"))
     s.model = model  # what load_model does: vLLM's get_model, then the head's per-step constants
     s._prepare_head()
     return s
+
+
+@pytest.fixture()
+def speculator(make_spec, build_draft_model, vllm_env):
+    return _speculator(make_spec, build_draft_model, vllm_env, "depth")
 
 
 def _propose(s, batch, num_sampled, **kwargs):
@@ -55,6 +59,18 @@ def test_dummy_run_proposes_k_drafts_per_request_in_one_forward(speculator) -> N
     assert s.model.num_forwards == before + 1 and s.num_proposals == 1
     assert bool((drafts >= 0).all()) and bool((drafts < 512).all())
     assert s.draft_logits is None  # allocated by load_model; dummy runs never write it anyway
+
+
+def test_a_two_layer_head_runs_a_context_forward_then_one_query_forward(make_spec, build_draft_model,
+                                                                        vllm_env) -> None:
+    from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
+
+    s = _speculator(make_spec, build_draft_model, vllm_env, "two_layer")
+    batch = InputBatch.make_dummy(3, 12, InputBuffers(s.max_num_reqs, s.max_num_tokens, torch.device("cpu")))
+    drafts = _propose(s, batch, torch.ones(3, dtype=torch.long))
+    assert drafts.shape == (3, 6) and s.model.num_forwards == 2 and s.num_proposals == 1
+    _propose(s, batch, torch.ones(3, dtype=torch.long), num_speculative_tokens=0)  # no drafts: the context still
+    assert s.model.num_forwards == 3  # goes through the head, so its later layers' K/V stay in step
 
 
 def test_no_draft_step_runs_no_forward(speculator) -> None:

@@ -18,8 +18,7 @@ Rules:
   the next token); `parallel_drafting = True` tells code outside the speculator that all K drafts come from one
   forward.
 - refused: lossy acceptance (verifier_accept_k > 1 with accept_tolerance > 0: vLLM's own rejection sampler
-  verifies here), a head with more than one decoder layer (the speculator stores context K/V without running
-  attention over the context), data parallelism, and draft decode context parallelism.
+  verifies here), data parallelism, and draft decode context parallelism.
 """
 
 from __future__ import annotations
@@ -118,9 +117,6 @@ def checked_head(spec: SpeculativeConfig, options: PEagleOptions) -> tuple[HeadC
     elif head.variant == "eagle3":
         raise PEagleConfigError(f"draft {path} is a sequential EAGLE-3 head (no mask slots): use "
                                 '"method": "eagle3" for it, or a P-EAGLE head with p_eagle')
-    if head.num_hidden_layers != 1:
-        raise PEagleConfigError(f"draft {path} has {head.num_hidden_layers} decoder layers: p_eagle on vLLM 0.34 "
-                                "runs 1-layer heads only (it stores the context's draft K/V without attention)")
     if k > head.trained_depth:
         logger.warning("p_eagle: num_speculative_tokens=%d is above the depth %d that %s was trained for; its "
                        "shared mask slot is reused, expect lower acceptance there", k, head.trained_depth, path)

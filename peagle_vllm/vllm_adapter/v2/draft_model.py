@@ -9,7 +9,8 @@ around the paged-attention kernel is reachable on its own (`attention_inputs`, `
 every layer but the kernel.
 
 Rules:
-- One decoder layer (the speculator stores context K/V from the layer's input alone).
+- Any number of decoder layers. A 1-layer head's context K/V come from the layer's input alone (`context_kv`,
+  no attention); a deeper head's from a forward over the context rows (the speculator runs it).
 - Layer 0 attends over [norm(embedding) ; norm(hidden)] (2H wide), as EAGLE-3.
 - `compute_logits` returns target-vocabulary logits, -inf outside the draft vocabulary (vLLM's EAGLE-3
   convention, which its rejection sampler reads); `draft_logits` the draft-vocabulary ones.
@@ -38,7 +39,7 @@ from peagle_vllm.vllm_adapter.v2.hf_config import head_of
 
 _STACKED = {".q_proj": (".qkv_proj", "q"), ".k_proj": (".qkv_proj", "k"), ".v_proj": (".qkv_proj", "v"),
             ".gate_proj": (".gate_up_proj", 0), ".up_proj": (".gate_up_proj", 1)}
-Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (layer index, q, k, v) -> out
 
 
 def checkpoint_name(name: str) -> str:
@@ -50,9 +51,10 @@ def checkpoint_name(name: str) -> str:
 class PEagleAttention(nn.Module):
     """Llama attention (qkv_proj, rotary, paged attention, o_proj) with a chosen input width."""
 
-    def __init__(self, vllm_config: VllmConfig, cfg: HeadConfig, input_size: int, prefix: str,
+    def __init__(self, vllm_config: VllmConfig, cfg: HeadConfig, input_size: int, layer_index: int, prefix: str,
                  attn_backend: type | None) -> None:
         super().__init__()
+        self.layer_index = layer_index
         tp = get_tensor_model_parallel_world_size()
         self.num_heads = cfg.num_attention_heads // tp
         self.num_kv_heads = max(1, cfg.num_key_value_heads // tp)
@@ -76,7 +78,7 @@ class PEagleAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, attend: Attend | None = None) -> torch.Tensor:
         q, k, v = self.attention_inputs(positions, x)
-        out, _ = self.o_proj((attend or self.attn)(q, k, v))
+        out, _ = self.o_proj(attend(self.layer_index, q, k, v) if attend else self.attn(q, k, v))
         return out
 
 
@@ -88,7 +90,7 @@ class PEagleDecoderLayer(nn.Module):
         self.index = index
         self.norm_before_residual = cfg.norm_before_residual
         width = 2 * h if index == 0 else h
-        self.self_attn = PEagleAttention(vllm_config, cfg, width, f"{prefix}.self_attn", attn_backend)
+        self.self_attn = PEagleAttention(vllm_config, cfg, width, index, f"{prefix}.self_attn", attn_backend)
         if index == 0:
             self.hidden_norm = RMSNorm(h, eps=cfg.rms_norm_eps)
         self.mlp = LlamaMLP(hidden_size=h, intermediate_size=cfg.intermediate_size, hidden_act="silu",
@@ -184,8 +186,10 @@ class PEagleDraftModel(nn.Module):
 
     def context_kv(self, input_ids: torch.Tensor, positions: torch.Tensor,
                    hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The draft layer's K and V of context rows, without attention (1-layer head).
+        """The draft layer's K and V of context rows, without attention (a 1-layer head's only layer).
         input_ids/positions [N], hidden_states [N, H] (fc-combined) -> k, v [N, kv_heads*hd]."""
+        if len(self.model.layers) != 1:
+            raise ValueError("context_kv is for 1-layer heads: a deeper head's context K/V need a forward")
         layer = self.model.layers[0]
         x, _ = layer.attention_input(self.model.embed_tokens(input_ids), hidden_states, None)
         _, k, v = layer.self_attn.attention_inputs(positions, x)
@@ -202,7 +206,7 @@ class PEagleDraftModel(nn.Module):
                 inputs_embeds: torch.Tensor | None = None,
                 attend: Attend | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """input_ids/positions [N], hidden_states [N, H] (fc-combined or mask states) -> (post-norm states
-        for logits, states fed onward), both [N, H]. `attend` replaces the paged-attention call (tests)."""
+        for logits, states fed onward), both [N, H]. `attend` replaces every layer's paged-attention call (tests)."""
         self.num_forwards += 1
         embeds = inputs_embeds if inputs_embeds is not None else self.model.embed_tokens(input_ids)
         hidden, residual = hidden_states, None

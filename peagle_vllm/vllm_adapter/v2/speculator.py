@@ -1,9 +1,11 @@
-"""`PEagleSpeculator`: P-EAGLE on vLLM 0.34's V2 model runner. Drafts K tokens per request in ONE head forward.
+"""`PEagleSpeculator`: P-EAGLE on vLLM 0.34's V2 model runner. Drafts K tokens per request in ONE head forward
+(a head of more than one layer adds a forward over the context rows first).
 
 Each step, after the target verified the previous block (`propose` runs `step.draft_step`; `layout` has the rows):
 1. fc(target auxiliary hidden states) for every target row;
-2. the context rows' draft K/V go into the draft KV cache without attention (1-layer head: a row's K/V depend
-   on its own input only; rejected rows store nothing);
+2. the context rows' draft K/V go into the draft KV cache: without attention for a 1-layer head (a row's K/V
+   depend on its own input only; rejected rows store nothing), by a forward over the target batch's rows for a
+   deeper head (its later layers' K/V depend on attention; see `_context_forward`);
 3. ONE forward over K query rows per request -- depth 0 = (bonus token, fc(h_P)) at P, depths 1..K-1 = (mask
    token, learned mask state of that depth) at P+1..P+K-1 -- attending to the cached context causally;
 4. drafts from the K rows (`drafts`): argmax for greedy requests, sampled with their q for the others (chosen
@@ -93,7 +95,7 @@ class PEagleSpeculator(DraftModelSpeculator):
     def load_model(self, target_model: nn.Module) -> None:
         super().load_model(target_model)
         self._prepare_head()
-        (self._layer_name,) = sorted(self.draft_attn_layer_names)
+        self._layer_name = self.model.model.layers[0].self_attn.attn.layer_name
 
     def _prepare_head(self) -> None:
         """The loaded head's per-step constants, taken once so that no step reads them: the mask states and the
@@ -106,6 +108,10 @@ class PEagleSpeculator(DraftModelSpeculator):
         super().set_attn(model_state, kv_cache_config, block_tables, target_input_buffers, target_attn_groups)
         self._group_id = next(gid for gid, group in enumerate(kv_cache_config.kv_cache_groups)
                               if self._layer_name in group.layer_names)
+        outside = self.draft_attn_layer_names - set(kv_cache_config.kv_cache_groups[self._group_id].layer_names)
+        if outside:  # the query pass sets one group's slot mappings
+            raise RuntimeError(f"p_eagle needs every draft layer in one KV cache group; {sorted(outside)} are not "
+                               f"in {self._layer_name}'s")
 
     # --- CUDA graphs: none, the draft runs eagerly -----------------------------------------------------------
 
@@ -145,19 +151,22 @@ class PEagleSpeculator(DraftModelSpeculator):
                             aux, num_sampled[:b], num_rejected[:b], input_batch.idx_mapping[:b], last_sampled,
                             next_prefill_tokens, temperature)
         writes = not dummy_run
+        one_layer = len(self.model.model.layers) == 1
+
+        def store_context(context: layout.ContextRows, hidden: torch.Tensor, include_last: bool = False) -> None:
+            if not one_layer:  # in dummy runs too: the profile then counts the context pass
+                self._context_forward(input_batch, attn_metadata if writes else None, slot_mappings, context,
+                                      inputs.positions, hidden)
+            elif writes:
+                self._store_context(context, inputs.positions, hidden, slot_mappings, include_last)
+
         if num_speculative_tokens == 0:  # no drafts this step: keep the draft KV in step (all valid rows)
-            if writes:
-                hidden = self.model.combine_hidden_states(aux)
-                bonus = layout.bonus_tokens(inputs.num_sampled, inputs.idx_mapping, last_sampled, next_prefill_tokens)
-                context = layout.context_rows(inputs.target_input_ids, inputs.query_start_loc, inputs.num_rejected,
-                                              bonus)
-                self._store_context(context, inputs.positions, hidden, slot_mappings, include_last=True)
+            hidden = self.model.combine_hidden_states(aux)
+            bonus = layout.bonus_tokens(inputs.num_sampled, inputs.idx_mapping, last_sampled, next_prefill_tokens)
+            store_context(layout.context_rows(inputs.target_input_ids, inputs.query_start_loc, inputs.num_rejected,
+                                              bonus), hidden, include_last=True)
             self.draft_tokens[:b].fill_(-1)
             return self.draft_tokens[:b]
-
-        def store_context(context: layout.ContextRows, hidden: torch.Tensor) -> None:
-            if writes:
-                self._store_context(context, inputs.positions, hidden, slot_mappings, include_last=False)
 
         def run_query(query: layout.QueryRows, hidden: torch.Tensor) -> torch.Tensor:
             metadata, slots = self._query_attention(input_batch, query) if writes else (None, None)
@@ -188,6 +197,22 @@ class PEagleSpeculator(DraftModelSpeculator):
         slots = torch.where(store, slot_mappings[self._layer_name][:n].long(), layout.PAD_SLOT_ID)
         key, value = self.model.context_kv(context.input_ids, positions, hidden)
         self.model.store_context_kv(key, value, slots)
+
+    def _context_forward(self, input_batch: InputBatch, attn_metadata: dict[str, Any] | None,
+                         slot_mappings: dict[str, torch.Tensor], context: layout.ContextRows,
+                         positions: torch.Tensor,  # [N]
+                         hidden: torch.Tensor) -> None:  # [N, H] fc-combined
+        """Every layer's draft K/V of the target batch's rows, written by a forward over them with the target
+        batch's attention layout (a deeper head's layer-l K/V depend on attention in layer l-1). Rejected rows
+        write too, at positions the query pass overwrites (P+1..P+K-1) or does not read (P+K) before the next
+        step's context rows overwrite them. attn_metadata None (dummy runs): no attention, nothing written."""
+        n = positions.shape[0]
+        metadata, slots = (self._build_drafter_attn_metadata(input_batch, attn_metadata, slot_mappings)
+                           if attn_metadata is not None else (None, None))
+        with set_forward_context(metadata, self.vllm_config, num_tokens=n, slot_mapping=slots,
+                                 cudagraph_runtime_mode=CUDAGraphMode.NONE,
+                                 batch_descriptor=BatchDescriptor(num_tokens=n)):
+            self.model(context.input_ids, positions, hidden)
 
     def _query_attention(self, input_batch: InputBatch, query: layout.QueryRows) -> tuple[Any, dict]:
         """Attention metadata and slot mappings of the query pass (K rows per request, causal over the cache)."""
