@@ -150,7 +150,7 @@ def cmd_train(args: argparse.Namespace) -> None:
                          share_embeddings=args.share_embeddings, checkpoint_every=args.checkpoint_every,
                          precision=args.precision)
     try:
-        last = train(recipe, resume=args.resume)
+        last = train(recipe, resume=args.resume, init_from=args.init_from)
     except (FileExistsError, ValueError) as exc:
         _fail(str(exc))
     print(json.dumps({"head": str(Path(args.out).resolve()), "final": last}))
@@ -260,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bfloat16: the forward under autocast (1.7x faster on CPUs with AVX512-BF16 or AMX)")
     t.add_argument("--resume", action="store_true", help="continue OUT's run; with a larger --steps after it ended, "
                    "the added steps are a new stage with their own warmup and cosine decay")
+    t.add_argument("--init-from", metavar="HEAD", help="start a new run from this head's weights and draft vocabulary "
+                   "(a finished run or a published head; its train_log.json's steps and stages continue), with a "
+                   "fresh optimizer")
     t.set_defaults(func=cmd_train)
 
     s = sub.add_parser("distill", help="the target's own chat responses to built training prompts (for train --data)")

@@ -4,17 +4,22 @@ in vLLM's built-in parallel drafting) and `smollm2-eagle3` (sequential EAGLE-3 b
 
     python scripts/build_smollm2_heads.py            # every phase; rerun it to resume after an interruption
 
-Phases, each resumable: self-distillation (the target answers the training prompts, chunk by chunk), the
-capture of the target's states (once, shared by the three heads), then each head's training (checkpointed
-every few steps) in STAGES: passes over the data, each with its own learning-rate schedule and precision.
-Work goes to --work (default runs/smollm2-heads); finished heads are copied to models/
-(weights, config, train_log.json, loss.png, without the trainer's state), and a comparison plot of the three
-runs to models/smollm2-heads-loss.png. Wall time per phase is appended to --work/phases.json.
+Phases, each resumable: self-distillation (the target answers a data set's training prompts, chunk by chunk),
+the capture of the target's states (once per data set, shared by the three heads), then each head's training
+(checkpointed every few steps) in STAGES: passes over a data set, each with its own learning-rate schedule and
+precision. Work goes to --work (default runs/smollm2-heads); finished heads are copied to models/ (weights,
+config, train_log.json, loss.png, without the trainer's state), and a comparison plot of the three runs to
+models/smollm2-heads-loss.png. Wall time per phase is appended to --work/phases.json.
+
+A head in models/ whose stages end where the next stage begins continues from its exported weights with a fresh
+optimizer (the trainer's state does not outlive --work). Distilled data sets are committed in DATA_DIR (token
+ids, gzipped) and restored from there, so a rebuild skips their self-distillation.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import shutil
 import time
@@ -26,11 +31,15 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 TARGET = REPO / "models" / "SmolLM2-135M-Instruct"
 HEADS = {"smollm2-peagle-depth": "depth", "smollm2-peagle-standard": "standard", "smollm2-eagle3": "eagle3"}
-PROMPTS = 3072
+DATA_DIR = REPO / "datasets" / "smollm2"
+# Data sets: which of build_prompts' prompts each one answers, and the precision of its capture.
+DATASETS = {"distill": dict(prompts=(0, 3072), capture="float32"),
+            "distill-b": dict(prompts=(3072, 6144), capture="bfloat16")}
 RECIPE = dict(k=16, batch_size=8, seq_len=384, lr=2e-3, warmup=20, draft_vocab=8192, share_embeddings=True,
               checkpoint_every=16)
-# Each stage is one pass over the data (384 steps of 8 conversations) with its own warmup and cosine decay.
-STAGES = [dict(steps=384, precision="float32"), dict(steps=768, precision="bfloat16")]
+# Each stage is one pass over a data set (384 steps of 8 conversations) with its own warmup and cosine decay.
+STAGES = [dict(steps=384, precision="float32", data="distill"), dict(steps=768, precision="bfloat16", data="distill"),
+          dict(steps=1152, precision="bfloat16", data="distill-b")]
 LAST_STEPS = 16  # the plot's agreement by depth: mean of the last steps (one batch alone is noisy)
 
 
@@ -42,6 +51,26 @@ def _record(work: Path, phase: str, seconds: float, accumulate: bool = False, **
     before = phases.get(phase, {}).get("seconds", 0.0) if accumulate else 0.0
     phases[phase] = {"phase": phase, "seconds": round(before + seconds, 1), **extra}
     path.write_text(json.dumps(list(phases.values()), indent=1))
+
+
+def _restore_or_keep(work_data: Path, committed: Path) -> None:
+    """Copies a committed data set (chunk-NNNN.jsonl.gz) into `work_data` as distill() writes it, or, when
+    `work_data` is complete and nothing is committed yet, commits it (gzipped)."""
+    from peagle_vllm.harness.distill import LOG
+
+    if committed.is_dir() and not (work_data / LOG).exists():
+        work_data.mkdir(parents=True, exist_ok=True)
+        for chunk in sorted(committed.glob("chunk-*.jsonl.gz")):
+            (work_data / chunk.name.removesuffix(".gz")).write_bytes(gzip.decompress(chunk.read_bytes()))
+        shutil.copy(committed / LOG, work_data / LOG)
+    elif not committed.is_dir() and (work_data / LOG).exists():
+        tmp = committed.with_name(committed.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for chunk in sorted(work_data.glob("chunk-*.jsonl")):
+            (tmp / (chunk.name + ".gz")).write_bytes(gzip.compress(chunk.read_bytes(), mtime=0))
+        shutil.copy(work_data / LOG, tmp / LOG)
+        tmp.replace(committed)
 
 
 def _planned_steps(run: Path) -> int:
@@ -101,29 +130,45 @@ def main() -> None:
 
     check_converted(TARGET)
     args.work.mkdir(parents=True, exist_ok=True)
-    data = args.work / "distill"
-    record = distill(str(TARGET), build_prompts(PROMPTS), data)
-    _record(args.work, "self-distillation", record["seconds"], tokens=record["tokens"], conversations=record["rows"])
     torch.set_num_threads(args.threads)
     aux = default_aux_layers(json.loads((TARGET / "config.json").read_text())["num_hidden_layers"])
-    t0 = time.time()
-    capture_conversations(str(TARGET), read_conversations(data), cache_dir_for(data, aux), aux)
-    _record(args.work, "capture", time.time() - t0, accumulate=True)
+    done = {name: _planned_steps(args.models / name) for name in args.heads}
+    needed = [s["data"] for s in STAGES if s["steps"] > min(done.values())]
+    for name in dict.fromkeys(needed):  # each data set the remaining stages read, in order
+        data, spec = args.work / name, DATASETS[name]
+        _restore_or_keep(data, DATA_DIR / name)
+        record = distill(str(TARGET), build_prompts(spec["prompts"][1])[slice(*spec["prompts"])], data)
+        _restore_or_keep(data, DATA_DIR / name)
+        _record(args.work, f"self-distillation {name}", record["seconds"], tokens=record["tokens"],
+                conversations=record["rows"])
+        t0 = time.time()
+        capture_conversations(str(TARGET), read_conversations(data), cache_dir_for(data, aux), aux,
+                              precision=spec["capture"])
+        _record(args.work, f"capture {name}", time.time() - t0, accumulate=True, precision=spec["capture"])
     for name in args.heads:
         run = args.work / name
         planned = _planned_steps(run)
         if planned > STAGES[-1]["steps"]:
             raise SystemExit(f"{run} holds a stage to step {planned}, beyond STAGES (to {STAGES[-1]['steps']}): "
                              "add that stage to STAGES to finish it, or remove the run to start over")
-        for stage in [s for s in STAGES if s["steps"] >= planned]:  # from the stage in progress (or last done)
-            recipe = TrainRecipe(target=str(TARGET), data=str(data), out=str(run), variant=HEADS[name], **RECIPE,
-                                 **stage)
-            last = train(recipe, resume=run.exists())
+        shipped = done[name]
+        if shipped not in [0, *[s["steps"] for s in STAGES]]:
+            raise SystemExit(f"{args.models / name} ends at step {shipped}, where no stage of STAGES ends: remove "
+                             "it to train the head from the start")
+        init_from = args.models / name if not run.exists() and shipped else None
+        todo = [s for s in STAGES if s["steps"] >= max(planned, shipped + 1)]  # from the stage in progress
+        last = None
+        for i, stage in enumerate(todo):
+            recipe = TrainRecipe(target=str(TARGET), data=str(args.work / stage["data"]), out=str(run),
+                                 variant=HEADS[name], **RECIPE, steps=stage["steps"], precision=stage["precision"])
+            last = train(recipe, resume=run.exists() and not (i == 0 and init_from),
+                         init_from=str(init_from) if i == 0 and init_from else None)
+        if last is None:
+            continue  # this head has every stage already
         _record(args.work, name, last["seconds"], tokens=last["tokens"], steps=last["step"])
         shutil.rmtree(args.models / name, ignore_errors=True)
         shutil.copytree(run, args.models / name, ignore=shutil.ignore_patterns(STATE_DIR))
         _plot(args.models)
-
 
 if __name__ == "__main__":
     main()

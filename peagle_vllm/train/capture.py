@@ -5,7 +5,9 @@ auxiliary hidden states the head reads ([3*Ht], float16) and the final normed st
 from which the trainer recomputes the target's logits over the draft vocabulary (one small matmul)
 instead of storing [V] logits per token. Conversations are captured in chunks of files written
 atomically, so a killed capture resumes at the first missing chunk; every head trained on the same
-data and auxiliary layers reads the same cache.
+data and auxiliary layers reads the same cache. The forward runs in float32, or under bfloat16 autocast
+(2.7x faster on a CPU with AVX512-BF16; its final states give the float32 argmax at 99% of tokens, KL
+0.0003), one precision per cache.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 import torch
 
 CHUNK = 256  # conversations per cache chunk
+CAPTURE_PRECISIONS = ("float32", "bfloat16")
 
 
 def cache_dir_for(data_dir: Path, aux_layer_ids: list[int]) -> Path:
@@ -39,16 +42,25 @@ def capture_states(target, ids: torch.Tensor, aux_layer_ids: list[int]) -> tuple
 
 
 def capture_conversations(target_dir: str, rows: list[dict], cache: Path, aux_layer_ids: list[int],
-                          batch_tokens: int = 4096, log=print) -> Path:
-    """Captures `rows` ({"prompt_ids", "response_ids"}) into `cache` chunk by chunk; returns `cache`."""
+                          batch_tokens: int = 4096, precision: str | None = None, log=print) -> Path:
+    """Captures `rows` ({"prompt_ids", "response_ids"}) into `cache` chunk by chunk; returns `cache`.
+    `precision` ("float32" or "bfloat16"; None: the cache's own, float32 for a new one) is the forward's."""
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM
 
     cache.mkdir(parents=True, exist_ok=True)
-    meta = {"aux_layer_ids": aux_layer_ids, "conversations": len(rows), "chunk": CHUNK}
     meta_path = cache / "meta.json"
-    if meta_path.exists() and json.loads(meta_path.read_text()).get("aux_layer_ids") != aux_layer_ids:
+    before = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    if before and before.get("aux_layer_ids") != aux_layer_ids:
         raise ValueError(f"{cache} holds states of other auxiliary layers: remove it or pass the same --aux-layers")
+    held = before.get("precision", "float32") if before else None
+    if precision and held and precision != held:
+        raise ValueError(f"{cache} holds states captured in {held}, {precision} was asked for: remove it or capture "
+                         f"in {held}")
+    precision = precision or held or "float32"
+    if precision not in CAPTURE_PRECISIONS:
+        raise ValueError(f"capture precision is {precision!r}: choose one of {', '.join(CAPTURE_PRECISIONS)}")
+    meta = {"aux_layer_ids": aux_layer_ids, "conversations": len(rows), "chunk": CHUNK, "precision": precision}
     meta_path.write_text(json.dumps(meta))
     todo = [c for c in range(0, len(rows), CHUNK) if not (cache / f"chunk-{c // CHUNK:04d}").is_dir()]
     if not todo:
@@ -74,7 +86,8 @@ def capture_conversations(target_dir: str, rows: list[dict], cache: Path, aux_la
                 ids = torch.zeros(len(batch), longest, dtype=torch.long)
                 for row, s in enumerate(batch):
                     ids[row, :len(seqs[s])] = torch.tensor(seqs[s])
-                aux, final = capture_states(target, ids, aux_layer_ids)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16"):
+                    aux, final = capture_states(target, ids, aux_layer_ids)
                 for row, s in enumerate(batch):
                     n = len(seqs[s])
                     aux_out[s] = aux[row, :n].to(torch.float16).numpy()

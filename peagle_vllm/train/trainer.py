@@ -3,7 +3,9 @@ forward per batch, KL over the draft vocabulary; progress bar, JSON log (tokens 
 PNG, resumable checkpoints, export in the speculators format.
 
 A finished run continues with `--resume` and a larger step count: the added steps form a new stage with its
-own warmup and cosine decay (and the stage's own precision); the log lists the stages.
+own warmup and cosine decay (and the stage's own precision and data); the log lists the stages. `--init-from`
+starts a new run from a finished head's weights (its train_log.json's steps and stages continue) with a fresh
+optimizer: the way to add a stage once the trainer's state is gone, or to fine-tune a published head.
 
 Two data routes: token windows of plain text, the target run inside each step (small targets); or the
 target's own conversations (`peagle-vllm distill`), whose states are captured once into a cache that
@@ -88,7 +90,8 @@ def next_stages(stages: list[dict], done: int, recipe: TrainRecipe) -> list[dict
         return stages
     if recipe.steps == done:
         return stages
-    return [*stages, {"start": done, "end": recipe.steps, "precision": recipe.precision, "lr": recipe.lr}]
+    return [*stages, {"start": done, "end": recipe.steps, "precision": recipe.precision, "lr": recipe.lr,
+                      "data": Path(recipe.data).name}]
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
@@ -243,15 +246,47 @@ def _plot(history: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def train(recipe: TrainRecipe, resume: bool = False, log=print) -> dict:
+def _initial_head(path: str, cfg: HeadConfig, embeddings: torch.Tensor) -> tuple[PEagleHead, list[dict], list[dict]]:
+    """The head at `path` in float32 with its history and stages (empty for a head without a train_log.json);
+    refused unless its shape and layout equal `cfg`, the run's own."""
+    from peagle_vllm.checkpoint import load_head
+
+    base = load_head(path, target_embeddings=embeddings)
+    theirs, ours = asdict(base.cfg), asdict(cfg)
+    differ = [k for k in ours if k != "extra" and theirs[k] != ours[k]]
+    if differ:
+        raise ValueError(f"--init-from {path}: its " + ", ".join(f"{k} is {theirs[k]} (this run: {ours[k]})" for k in differ)
+                         + ": pass the --k, --variant, --draft-vocab and --aux-layers it was trained with")
+    log_path = Path(path) / LOG_FILE
+    run = json.loads(log_path.read_text()) if log_path.exists() else {"history": [], "stages": []}
+    return base, run["history"], run["stages"]
+
+
+@torch.no_grad()
+def _initialise(head: PEagleHead, target, vocab: torch.Tensor) -> None:
+    """A new head: the target's embeddings and output rows of the draft vocabulary `vocab` [Vd], and fc
+    reading the deepest auxiliary state as is (the target's own output layer then reads it)."""
+    head.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+    head.lm_head.weight.copy_(target.get_output_embeddings().weight[vocab])
+    head.set_vocab_map(vocab)
+    if head.cfg.target_hidden_size == head.cfg.hidden_size:
+        h = head.cfg.hidden_size
+        head.fc.weight.zero_()
+        head.fc.weight[:, -h:] = torch.eye(h)
+
+
+def train(recipe: TrainRecipe, resume: bool = False, init_from: str | None = None, log=print) -> dict:
     """Trains a head into `recipe.out`; returns the final log entry. Refuses to overwrite an existing
-    head unless resuming."""
+    head unless resuming. `init_from`: a finished head to start from (fresh optimizer; its draft vocabulary
+    kept), for a new run only."""
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = Path(recipe.out)
     state_dir = out / STATE_DIR
     state_path = state_dir / STATE_FILE
+    if init_from and resume:
+        raise ValueError("--init-from starts a new run: drop --resume (or drop --init-from to continue OUT's run)")
     if out.exists() and any(out.iterdir()) and not (resume and state_dir.is_dir()):
         raise FileExistsError(f"{out} is not empty: pass --resume to continue its training, or choose another --out")
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -266,27 +301,26 @@ def train(recipe: TrainRecipe, resume: bool = False, log=print) -> dict:
     conversations = is_conversation_dir(recipe.data)
     if conversations:
         rows = read_conversations(recipe.data)
-        counts = torch.bincount(torch.tensor([t for r in rows for t in r["response_ids"]]),
-                                minlength=target.config.vocab_size)
+        token_ids = torch.tensor([t for r in rows for t in r["response_ids"]])
     else:
         stream = load_token_stream(tokenizer, recipe.data)
-        counts = torch.bincount(torch.from_numpy(stream), minlength=target.config.vocab_size)
-    vocab = draft_vocabulary(counts, recipe.draft_vocab, always=[tokenizer.eos_token_id]).to(dev)
+        token_ids = torch.from_numpy(stream)
     head = PEagleHead(_head_config(recipe, target, mask_id, aux)).to(dev)
-    with torch.no_grad():
-        head.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
-        head.lm_head.weight.copy_(target.get_output_embeddings().weight[vocab])
-        head.set_vocab_map(vocab)
-        if head.cfg.target_hidden_size == head.cfg.hidden_size:
-            # Start from "read the deepest auxiliary state through the target's own output layer".
-            h = head.cfg.hidden_size
-            head.fc.weight.zero_()
-            head.fc.weight[:, -h:] = torch.eye(h)
-    head.embed_tokens.weight.requires_grad_(not recipe.share_embeddings)
-    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=recipe.lr, weight_decay=0.0)
     history: list[dict] = []
     stages: list[dict] = []
     start, elapsed = 0, 0.0
+    if init_from:
+        base, history, stages = _initial_head(init_from, head.cfg, target.get_input_embeddings().weight.detach())
+        head.load_state_dict(base.state_dict())
+        vocab = head.draft_to_target()
+        start, elapsed = (history[-1]["step"], history[-1]["seconds"]) if history else (0, 0.0)
+        log(f"starting from {init_from} at step {start} (fresh optimizer)")
+    else:
+        counts = torch.bincount(token_ids, minlength=target.config.vocab_size)
+        vocab = draft_vocabulary(counts, recipe.draft_vocab, always=[tokenizer.eos_token_id]).to(dev)
+        _initialise(head, target, vocab)
+    head.embed_tokens.weight.requires_grad_(not recipe.share_embeddings)
+    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=recipe.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(recipe.seed)  # COD sampling
     if resume and state_path.exists():
         state = torch.load(state_path, weights_only=False)

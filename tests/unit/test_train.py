@@ -152,8 +152,8 @@ def test_a_finished_run_continues_in_a_new_stage_with_its_own_schedule_and_preci
         trainer.train(recipe(8, "float16"), resume=True)
     trainer.train(recipe(8, "bfloat16"), resume=True)
     log = json.loads((tmp_path / "run" / "train_log.json").read_text())
-    assert log["stages"] == [{"start": 0, "end": 4, "precision": "float32", "lr": 1e-3},
-                             {"start": 4, "end": 8, "precision": "bfloat16", "lr": 1e-3}]
+    assert log["stages"] == [{"start": 0, "end": 4, "precision": "float32", "lr": 1e-3, "data": "data.txt"},
+                             {"start": 4, "end": 8, "precision": "bfloat16", "lr": 1e-3, "data": "data.txt"}]
     lrs = [h["lr"] for h in log["history"]]
     assert len(lrs) == 8 and lrs[4] == pytest.approx(lrs[0]) == pytest.approx(5e-4)  # warmup again from step 5
     assert lrs[3] < lrs[4] and lrs[7] < lrs[5]  # each stage decays to its end
@@ -166,3 +166,40 @@ def test_stage_lr_warms_up_then_decays_to_zero_within_its_stage() -> None:
     lrs = [stage_lr(stage, 2, s) for s in range(10, 20)]
     assert lrs[0] == pytest.approx(1.0) and lrs[1] == pytest.approx(2.0 * 0.5 * (1 + math.cos(math.pi / 10)))
     assert all(a > b for a, b in zip(lrs[1:], lrs[2:])) and lrs[-1] < 0.06
+
+
+def test_a_new_run_starts_from_a_finished_heads_weights_and_continues_its_log(tiny, tmp_path: Path) -> None:
+    """--init-from: the run's first step sees the exported head (float16-rounded) with its draft vocabulary, its
+    steps, tokens and stages continue the head's log, and a head of another shape is refused by name."""
+    from tiny_models import TEXT
+
+    import peagle_vllm.train.trainer as trainer
+    from peagle_vllm.checkpoint import load_head
+
+    data = tmp_path / "data.txt"
+    data.write_text(TEXT)
+    torch.set_num_threads(1)
+
+    def recipe(out: str, steps: int, k: int = 4, lr: float = 1e-3) -> trainer.TrainRecipe:
+        return trainer.TrainRecipe(target=str(tiny["target"]), data=str(data), out=str(tmp_path / out), k=k,
+                                   steps=steps, batch_size=2, seq_len=32, draft_vocab=256, self_distill=False,
+                                   warmup=2, lr=lr, checkpoint_every=2)
+
+    trainer.train(recipe("first", 4))
+    with pytest.raises(ValueError, match="trained_depth is 4 \\(this run: 6\\)"):
+        trainer.train(recipe("wrong", 6, k=6), init_from=str(tmp_path / "first"))
+    with pytest.raises(ValueError, match="drop --resume"):
+        trainer.train(recipe("wrong", 6), resume=True, init_from=str(tmp_path / "first"))
+    trainer.train(recipe("frozen", 5, lr=0.0), init_from=str(tmp_path / "first"))  # lr 0: the weights stay
+    first, frozen = load_head(tmp_path / "first"), load_head(tmp_path / "frozen")
+    assert torch.equal(first.d2t, frozen.d2t) and torch.equal(first.t2d, frozen.t2d)
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), frozen.state_dict().values()))
+    trainer.train(recipe("second", 8), init_from=str(tmp_path / "first"))
+    before = json.loads((tmp_path / "first" / "train_log.json").read_text())
+    log = json.loads((tmp_path / "second" / "train_log.json").read_text())
+    assert [h["step"] for h in log["history"]] == list(range(1, 9))
+    assert log["history"][:4] == before["history"]
+    assert log["history"][4]["tokens"] > before["history"][-1]["tokens"]
+    assert [(s["start"], s["end"]) for s in log["stages"]] == [(0, 4), (4, 8)]
+    second = load_head(tmp_path / "second")
+    assert not torch.equal(first.fc.weight, second.fc.weight)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from peagle_vllm.checkpoint import load_head, read_tensors
@@ -101,3 +102,20 @@ def test_heads_trained_on_conversations_share_the_cache_and_load_with_the_target
     embeddings = AutoModelForCausalLM.from_pretrained(tiny["target"]).get_input_embeddings().weight
     head = load_head(tmp_path / "depth", target_embeddings=embeddings)
     assert torch.equal(head.embed_tokens.weight, embeddings)
+
+
+def test_a_bfloat16_capture_is_close_to_float32_and_a_cache_keeps_one_precision(tiny, tmp_path: Path) -> None:
+    from peagle_vllm.train.data import read_conversations
+
+    data = _conversations(tmp_path, tiny["target"], count=8)
+    rows = read_conversations(data)
+    exact = capture_conversations(str(tiny["target"]), rows, tmp_path / "f32", [1, 2, 3])
+    fast = capture_conversations(str(tiny["target"]), rows, tmp_path / "bf16", [1, 2, 3], precision="bfloat16")
+    a, b = CapturedConversations(exact, 4).batch(0), CapturedConversations(fast, 4).batch(0)
+    assert torch.equal(a.ids, b.ids)
+    assert not torch.equal(a.final, b.final)  # the forward did run in bfloat16
+    for x, y in ((a.aux, b.aux), (a.final, b.final)):
+        assert ((x - y).norm() / x.norm()) < 0.05  # bfloat16 keeps 8 bits of mantissa
+    with pytest.raises(ValueError, match="captured in bfloat16, float32 was asked for"):
+        capture_conversations(str(tiny["target"]), rows, fast, [1, 2, 3], precision="float32")
+    assert capture_conversations(str(tiny["target"]), rows, fast, [1, 2, 3]) == fast  # None: the cache's own
