@@ -22,7 +22,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory) -> dict[str, Path]:
-    """Random tiny target (4 layers) with standard, depth and full-vocabulary heads."""
+    """Random tiny target (4 layers) with standard and depth heads, and a depth head of two decoder layers."""
     from tiny_models import build_random_head, build_tiny_target
 
     root = tmp_path_factory.mktemp("tiny")
@@ -31,6 +31,7 @@ def tiny(tmp_path_factory) -> dict[str, Path]:
         "target": target,
         "head": build_random_head(target, root / "head", k=8),
         "depth": build_random_head(target, root / "depth", variant="depth", k=32, draft_vocab=256),
+        "two_layer": build_random_head(target, root / "two_layer", variant="depth", k=8, draft_vocab=256, layers=2),
         "root": root,
     }
 

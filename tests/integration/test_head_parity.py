@@ -1,7 +1,9 @@
-"""The serving head (vLLM layers, paged KV) drafts what the plain-torch head drafts on the same inputs."""
+"""The serving head (vLLM layers, paged KV) drafts what the plain-torch head drafts on the same inputs, for a head of
+one decoder layer and of two (the published P-EAGLE heads have four)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from peagle_vllm.checkpoint import load_head
@@ -12,11 +14,12 @@ def _last_drafts(worker) -> list[list[int]]:
     return worker.model_runner.drafter.last_drafts.tolist()
 
 
-def test_vllm_head_matches_plain_torch_head(tiny) -> None:
+@pytest.mark.parametrize("head", ["depth", "two_layer"])
+def test_vllm_head_matches_plain_torch_head(tiny, head) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from vllm import SamplingParams
 
-    k, head_dir = 8, tiny["depth"]
+    k, head_dir = 8, tiny[head]
     prompt = "def f12(x):\n    return x * 12"
     llm = make_llm(str(tiny["target"]), {"method": "p_eagle", "model": str(head_dir), "num_speculative_tokens": k})
     llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)  # prefill + first proposal
