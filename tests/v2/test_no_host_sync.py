@@ -64,11 +64,14 @@ def test_layout(lookahead) -> None:
 
 @pytest.mark.parametrize("mapped", [False, True])
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
-def test_drafting_and_caching(mapped, cache_dtype) -> None:
+@pytest.mark.parametrize("cut", [False, True])  # the requests' top-k/top-p applied to sampled drafts
+def test_drafting_and_caching(mapped, cache_dtype, cut) -> None:
     from peagle_vllm.vllm_adapter.v2.drafts import cache_draft_logits, draft_block
 
-    def draft_and_cache(logits, d2t, temperature, values, idx_mapping):
-        tokens, rounded, num_bad = draft_block(logits, d2t, temperature, cache_dtype)
+    top_k, top_p = (torch.tensor([5, 3, VD]), torch.tensor([1.0, 0.9, 0.8])) if cut else (None, None)
+
+    def draft_and_cache(logits, d2t, temperature, values, idx_mapping, top_k, top_p):
+        tokens, rounded, num_bad = draft_block(logits, d2t, temperature, cache_dtype, top_k, top_p)
         cache_draft_logits(values, idx_mapping, rounded, d2t)
         return tokens, rounded, num_bad, values
 
@@ -77,7 +80,8 @@ def test_drafting_and_caching(mapped, cache_dtype) -> None:
     logits[1, 2, 3] = float("nan")
     d2t = torch.randperm(V)[:VD] if mapped else None
     tokens, rounded, num_bad, values = on_fake(draft_and_cache, logits, d2t, torch.tensor([0.0, 0.7, 1.2]),
-                                               torch.zeros(8, K, V, dtype=cache_dtype), torch.tensor([5, 0, 3]))
+                                               torch.zeros(8, K, V, dtype=cache_dtype), torch.tensor([5, 0, 3]),
+                                               top_k, top_p)
     assert tokens.shape == (B, K) and tokens.dtype == torch.int64 and num_bad.shape == ()
     assert rounded.shape == (B, K, vd) and rounded.dtype == cache_dtype and values.shape == (8, K, V)
 
@@ -207,6 +211,8 @@ def test_speculator_propose_and_observe(make_spec, build_draft_model, vllm_env, 
         s._query_attention = lambda input_batch, query: (None, None)
         s._layer_name = "draft"
         with fake_weights(model, mode), mode:
+            # what prepare_propose takes from the runner's sampling states when some request uses top-k and top-p
+            s._cut = (torch.full((s.max_num_reqs,), 5, dtype=torch.int32), torch.full((s.max_num_reqs,), 0.9))
             if not dummy_run:
                 s.draft_logits = DraftLogitsCache(s.max_num_reqs, K, s.vocab_size, dtype=torch.bfloat16, fill=0.0,
                                                   device="cpu")

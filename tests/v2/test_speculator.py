@@ -88,3 +88,36 @@ def test_observe_verification_feeds_the_metrics(speculator) -> None:
     s.observe_verification(torch.tensor([0, 1]), torch.tensor([3, 0]), torch.tensor([4, 0]))
     assert s.metrics.num_steps == 1
     assert s.metrics.accepted_per_position.tolist()[:3] == [1, 1, 0]
+
+
+def test_prepare_propose_takes_top_k_and_top_p_only_when_a_request_of_the_batch_uses_them(speculator) -> None:
+    """The runner's SamplingStates hold top_k/top_p per request slot as UVA tensors (host `.np`, device `.gpu`;
+    vLLM's class needs CUDA to build, so its fields stand in here, filled as its add_request fills them)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
+
+    s, vocab = speculator, 512
+
+    def uva(values, dtype):
+        host = np.array(values + [values[0]] * (s.max_num_reqs - len(values)))
+        return SimpleNamespace(np=host, gpu=torch.tensor(host, dtype=dtype))
+
+    # slot 0: plain sampling; slot 1: top_p 0.9; slot 2: top_k 20 (off is vocab_size / 1.0)
+    states = SimpleNamespace(vocab_size=vocab, top_k=uva([vocab, vocab, 20], torch.int32),
+                             top_p=uva([1.0, 0.9, 1.0], torch.float32))
+    sampler = SimpleNamespace(sampling_states=states)
+    buffers = InputBuffers(s.max_num_reqs, s.max_num_tokens, torch.device("cpu"))
+
+    def cut_for(num_reqs: int):
+        batch = InputBatch.make_dummy(num_reqs, 2 * num_reqs, buffers)  # requests at slots 0..num_reqs-1
+        s.prepare_propose(batch, torch.ones(num_reqs, dtype=torch.long), torch.zeros(num_reqs, dtype=torch.long),
+                          sampler)
+        return s._cut
+
+    assert cut_for(1) == (None, None)  # plain sampling: no sort in the draft step
+    top_k, top_p = cut_for(2)
+    assert top_k is None and top_p is states.top_p.gpu
+    top_k, top_p = cut_for(3)
+    assert top_k is states.top_k.gpu and top_p is states.top_p.gpu

@@ -109,3 +109,30 @@ def test_drafts_and_cache_verify_losslessly(mode) -> None:
     first = torch.bincount(out.tokens[:, 0], minlength=v).float() / n
     assert (first - p[0]).abs().max() < 0.015, (first, p[0])
     assert 0 < float(out.num_accepted.float().mean()) < k
+
+
+def test_sampled_drafts_follow_the_requests_top_k_and_top_p_and_the_cache_says_so() -> None:
+    """Requests with top-k 3, with top-p 0.6, and with neither, all at T: each one's drafts follow q cut as vLLM cuts
+    the target (temperature, then top-k, then top-p), the cache rebuilds that very q (zero where cut), and a greedy
+    request with top-k set still drafts the argmax."""
+    from peagle_vllm.truncation import by_sorting
+    from peagle_vllm.vllm_adapter.v2.drafts import cache_draft_logits, draft_block
+
+    torch.manual_seed(3)
+    m, k, vd, temp = 12000, 2, 12, 0.9
+    logits = (torch.randn(1, k, vd) * 1.5).expand(4 * m, -1, -1)
+    temperature = torch.tensor([temp, temp, temp, 0.0]).repeat(m)
+    top_k = torch.tensor([3, vd, vd, 3]).repeat(m)
+    top_p = torch.tensor([1.0, 0.6, 1.0, 1.0]).repeat(m)
+    tokens, rounded, _ = draft_block(logits, None, temperature, torch.float32, top_k, top_p)
+    values = torch.zeros(4 * m, k, vd)
+    cache_draft_logits(values, torch.arange(4 * m), rounded, None)
+    for r, (kk, pp) in enumerate([(3, 1.0), (vd, 0.6), (vd, 1.0)]):
+        q = _rebuilt_q(values, torch.tensor([r]), k, torch.tensor([temp]))[0]  # [k, Vd], as the verifier sees it
+        cut = by_sorting(logits[0].float() / temp, torch.full((k,), kk), torch.full((k,), pp))
+        expected = (logits[0].float() / temp).masked_fill(cut, float("-inf")).softmax(-1)
+        torch.testing.assert_close(q, expected, rtol=0, atol=1e-6)
+        assert bool((q[cut] == 0).all()) and bool(cut.any()) == (r != 2)  # the first two requests do cut
+        for depth in range(k):
+            assert _chi_square_p(tokens[r::4, depth], q[depth]) > 1e-3
+    assert bool((tokens[3::4] == rounded[3].argmax(-1)).all())  # greedy: the argmax, top-k or not

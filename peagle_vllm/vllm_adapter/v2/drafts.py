@@ -6,6 +6,9 @@ Rules:
   (target vocabulary, -inf outside the draft vocabulary). So the logits are rounded to the cache's dtype BEFORE
   drafting, and sampled drafts are drawn from softmax(rounded.float() / T) over the draft vocabulary: the q the
   draft was drawn from and the q the verifier rebuilds are the same numbers (the -inf entries add nothing).
+- Sampled drafts follow the request's top-k/top-p (vLLM's order: temperature, then top-k, then top-p over what
+  top-k kept), applied to q over the draft vocabulary: the tokens they remove get -inf logits before the draw
+  and in the cache, so the verifier's q is the truncated q the draft was drawn from.
 - Greedy requests (temperature 0) draft the argmax. Every row is drawn and argmaxed, and the two are chosen per
   request on the device: the V2 runner has no host-side all-greedy flag, and reading one from the device would
   sync every step. Nothing here builds q over the target vocabulary (the verifier does, from the cache).
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from peagle_vllm.truncation import by_sorting
 from peagle_vllm.verify import sample_rows
 
 
@@ -45,11 +49,26 @@ def draw(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
     return torch.where((temperature <= 0).view(b, 1), logits.argmax(-1), sampled)
 
 
+def truncate(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
+             top_p: torch.Tensor | None) -> torch.Tensor:
+    """logits [B, K, Vd], temperature/top_k/top_p [B] -> logits with -inf where the request's top-k/top-p remove
+    the token from softmax(logits / T); greedy rows (T <= 0) unchanged. Sorts; reads nothing back to the host."""
+    b, k, vd = logits.shape
+    t = torch.where(temperature > 0, temperature, 1.0).float().view(-1, 1, 1)
+    per_row = (lambda x: None if x is None else x.view(b, 1).expand(b, k).reshape(-1))
+    remove = by_sorting((logits.float() / t).view(b * k, vd), per_row(top_k), per_row(top_p)).view(b, k, vd)
+    return logits.masked_fill(remove & (temperature > 0).view(b, 1, 1), float("-inf"))
+
+
 def draft_block(logits: torch.Tensor, draft_to_target: torch.Tensor | None, temperature: torch.Tensor,
-                cache_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """logits [B, K, Vd] (draft vocabulary), draft_to_target [Vd] or None, temperature [B] -> (drafts [B, K]
-    target ids, the rounded and sanitized draft logits [B, K, Vd] to cache, number of non-finite rows [])."""
+                cache_dtype: torch.dtype, top_k: torch.Tensor | None = None,
+                top_p: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """logits [B, K, Vd] (draft vocabulary), draft_to_target [Vd] or None, temperature [B], top_k/top_p [B] or
+    None (no request of the batch uses it) -> (drafts [B, K] target ids, the rounded, sanitized and truncated
+    draft logits [B, K, Vd] to cache, number of non-finite rows [])."""
     rounded, num_bad = sanitize(logits.to(cache_dtype))
+    if top_k is not None or top_p is not None:
+        rounded = truncate(rounded, temperature, top_k, top_p)
     ids = draw(rounded, temperature)
     return (ids if draft_to_target is None else draft_to_target[ids]), rounded, num_bad
 

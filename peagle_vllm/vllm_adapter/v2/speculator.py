@@ -8,9 +8,9 @@ Each step, after the target verified the previous block (`propose` runs `step.dr
    deeper head (its later layers' K/V depend on attention; see `_context_forward`);
 3. ONE forward over K query rows per request -- depth 0 = (bonus token, fc(h_P)) at P, depths 1..K-1 = (mask
    token, learned mask state of that depth) at P+1..P+K-1 -- attending to the cached context causally;
-4. drafts from the K rows (`drafts`): argmax for greedy requests, sampled with their q for the others (chosen
-   on the device: nothing in a step reads device data back to the host), and the draft logits cached for the
-   verifier.
+4. drafts from the K rows (`drafts`): argmax for greedy requests, sampled with their q (cut by the request's
+   top-k/top-p) for the others (chosen on the device: nothing in a step reads device data back to the host),
+   and the draft logits cached for the verifier.
 
 Verification is vLLM 0.34's own `RejectionSampler` (Triton kernels), set up by `PEagleSpeculatorConfig`:
 greedy requests by argmax match, sampled requests token-wise (Leviathan et al., `rejection_sample_method=
@@ -71,6 +71,7 @@ class PEagleSpeculator(DraftModelSpeculator):
         self._draft_to_target: torch.Tensor | None = None  # [Vd] (None: the head drafts over the target vocabulary)
         self._layer_name: str | None = None
         self._group_id = -1
+        self._cut: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)  # top_k, top_p [max_reqs]
 
     # --- loading -----------------------------------------------------------------------------------------
 
@@ -130,6 +131,21 @@ class PEagleSpeculator(DraftModelSpeculator):
         b = idx_mapping.shape[0]
         self.metrics.observe(num_sampled[:b], num_rejected[:b])
 
+    def prepare_propose(self, input_batch: InputBatch, num_sampled: torch.Tensor, num_rejected: torch.Tensor,
+                        sampler) -> None:
+        """vLLM's per-step work, then the requests' top-k/top-p for this step's sampled drafts: the runner's
+        sampling states (device tensors by request slot), each None when no request of the batch uses it (read
+        from the states' host copies, as vLLM's sampler does: no device sync)."""
+        super().prepare_propose(input_batch, num_sampled, num_rejected, sampler)
+        states = getattr(sampler, "sampling_states", None)
+        if states is None:
+            self._cut = (None, None)
+            return
+        rows = input_batch.idx_mapping_np
+        uses_top_k = bool((states.top_k.np[rows] != states.vocab_size).any())
+        uses_top_p = bool((states.top_p.np[rows] != 1.0).any())
+        self._cut = (states.top_k.gpu if uses_top_k else None, states.top_p.gpu if uses_top_p else None)
+
     @torch.inference_mode()
     def propose(self, input_batch: InputBatch, attn_metadata: dict[str, Any], slot_mappings: dict[str, torch.Tensor],
                 last_hidden_states: torch.Tensor,  # [num_tokens, hidden_size]
@@ -149,7 +165,7 @@ class PEagleSpeculator(DraftModelSpeculator):
         aux = torch.cat([h[:n] for h in aux_hidden_states], dim=-1) if aux_hidden_states else last_hidden_states[:n]
         inputs = StepInputs(input_batch.input_ids[:n], input_batch.positions[:n], input_batch.query_start_loc[: b + 1],
                             aux, num_sampled[:b], num_rejected[:b], input_batch.idx_mapping[:b], last_sampled,
-                            next_prefill_tokens, temperature)
+                            next_prefill_tokens, temperature, *self._cut)
         writes = not dummy_run
         one_layer = len(self.model.model.layers) == 1
 

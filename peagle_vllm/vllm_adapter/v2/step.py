@@ -27,6 +27,8 @@ class StepInputs:
     last_sampled: torch.Tensor  # [max_reqs]
     next_prefill_tokens: torch.Tensor  # [max_reqs] or [lookahead, max_reqs]
     temperature: torch.Tensor  # [max_reqs]
+    top_k: torch.Tensor | None = None  # [max_reqs]; None: no request of the batch uses top-k
+    top_p: torch.Tensor | None = None  # [max_reqs]; None: no request of the batch uses top-p
 
 
 @dataclass
@@ -59,6 +61,7 @@ def draft_step(model, mask_states: torch.Tensor, draft_to_target: torch.Tensor |
     query = layout.query_rows(inputs.positions, context.last, bonus, k, model.cfg.mask_token_id, max_model_len)
     normed = run_query(query, layout.query_hidden(hidden, context.last, mask_states, k))
     logits = model.draft_logits(normed).view(b, k, -1)  # [B, K, Vd]
+    per_request = (lambda x: None if x is None else x[inputs.idx_mapping])
     tokens, rounded, bad = drafts.draft_block(logits, draft_to_target, inputs.temperature[inputs.idx_mapping],
-                                              cache_dtype)
+                                              cache_dtype, per_request(inputs.top_k), per_request(inputs.top_p))
     return DraftStep(tokens, rounded, bad, context, query)
