@@ -208,7 +208,7 @@ def test_speculator_propose_and_observe(make_spec, build_draft_model, vllm_env, 
         s = _fake_speculator(model, vllm_env, mode)
         writes = []
         s.model.store_context_kv = lambda key, value, slots: writes.append(slots)
-        s._query_attention = lambda input_batch, query: (None, None)
+        s._query_attention = lambda input_batch, query, k: (None, None)
         s._layer_name = "draft"
         with fake_weights(model, mode), mode:
             # what prepare_propose takes from the runner's sampling states when some request uses top-k and top-p

@@ -80,6 +80,11 @@ def test_head_for_another_target_is_refused(make_spec, models, tmp_path) -> None
     assert "target_hidden_size 32 does not match" in _error(make_spec, model=str(head))
 
 
+def test_vllms_batch_size_schedule_is_accepted(make_spec) -> None:
+    spec = make_spec("depth", num_speculative_tokens=8, num_speculative_tokens_per_batch_size=[(1, 4, 8), (5, 64, 2)])
+    assert spec.uses_dynamic_speculative_decoding() and spec.num_speculative_tokens == 8
+
+
 def test_multi_layer_head_is_accepted(make_spec) -> None:
     spec = make_spec("two_layer", num_speculative_tokens=4)
     assert spec.draft_model_config.hf_config.num_hidden_layers == 2 and spec.num_speculative_tokens == 4

@@ -73,6 +73,20 @@ def test_a_two_layer_head_runs_a_context_forward_then_one_query_forward(make_spe
     assert s.model.num_forwards == 3  # goes through the head, so its later layers' K/V stay in step
 
 
+def test_a_batch_size_schedule_asking_fewer_drafts_gets_that_many_from_fewer_query_rows(speculator) -> None:
+    """vLLM's `num_speculative_tokens_per_batch_size` hands propose k < K: k query rows per request, k drafts."""
+    from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
+
+    s, rows = speculator, []
+    s.model.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[0]))
+    batch = InputBatch.make_dummy(3, 12, InputBuffers(s.max_num_reqs, s.max_num_tokens, torch.device("cpu")))
+    drafts = _propose(s, batch, torch.ones(3, dtype=torch.long), num_speculative_tokens=2)
+    assert rows == [3 * 2] and drafts.shape == (3, 6)
+    assert bool((drafts[:, :2] >= 0).all()) and drafts[:, 2:].tolist() == [[-1] * 4] * 3
+    _propose(s, batch, torch.ones(3, dtype=torch.long))
+    assert rows == [3 * 2, 3 * 6]  # the full K again when the schedule gives it
+
+
 def test_no_draft_step_runs_no_forward(speculator) -> None:
     from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
 

@@ -152,9 +152,10 @@ class PEagleSpeculatorConfig(DraftModelSpeculatorConfig):
         spec.prompt_lookup_max = spec.prompt_lookup_min = 0
         spec.draft_sample_method = "probabilistic"
         spec.rejection_sample_method = REJECTION_METHOD[options.verify]
-        if options.adaptive:
+        if options.adaptive and not spec.uses_dynamic_speculative_decoding():
             logger.info("p_eagle: adaptive depth needs per-request K, which vLLM 0.34's V2 runner cannot "
-                        "schedule; K stays fixed at %d (see docs/vllm-0.34.md)", k)
+                        "schedule; K stays fixed at %d, or follows vLLM's num_speculative_tokens_per_batch_size "
+                        "when given (see docs/vllm-0.34.md)", k)
         target = spec.target_model_config
         spec.draft_model_config = ModelConfig(
             model=spec.model, runner="draft", tokenizer=target.tokenizer, tokenizer_mode=target.tokenizer_mode,

@@ -25,9 +25,10 @@ Reused from V2: `DraftModelSpeculator` (buffers, draft KV groups, `DraftLogitsCa
 building over the draft's block tables), `get_model` with our registered architecture, vLLM's embedding
 sharing. Ours: the row layout, context K/V, the mask states, sampling. Not done on V2:
 - CUDA graphs: the draft runs eagerly (`init_cudagraph_manager` / `capture` do nothing);
-- adaptive depth: `propose` gets one `num_speculative_tokens` for the whole batch, the scheduler reserves the
-  same lookahead for every request and schedules all K drafts of each; there is no hook through which a
-  speculator sets each request's K, its KV lookahead, or skips the target's work for a request. K stays fixed.
+- per-request adaptive depth: `propose` gets one `num_speculative_tokens` for the whole batch (vLLM's
+  batch-size schedule, `num_speculative_tokens_per_batch_size`, which p_eagle follows: it drafts only that
+  many); the scheduler reserves the same lookahead for every request, and there is no hook through which a
+  speculator sets each request's K or skips the target's work for a request.
 - metrics: see `metrics` (log lines only; V2 has no channel from a speculator to /metrics).
 """
 
@@ -159,9 +160,12 @@ class PEagleSpeculator(DraftModelSpeculator):
                 dp_sync_state=None, dummy_run: bool = False, skip_attn_for_dummy_run: bool = False,
                 mm_inputs=None, is_profile: bool = False,
                 num_speculative_tokens: int | None = None) -> torch.Tensor:
-        """[num_reqs, K] drafts (target ids) from one head forward; see the module docstring. Dummy runs
-        (profiling, warm-up) run the same computation without attention metadata and write nothing."""
+        """[num_reqs, K] drafts (target ids) from one head forward; see the module docstring. When the scheduler
+        asks for k < K drafts (vLLM's batch-size schedule, `num_speculative_tokens_per_batch_size`), the query pass
+        runs k rows per request and drafts k, the rest -1. Dummy runs (profiling, warm-up) run the same computation
+        without attention metadata and write nothing."""
         b, n = input_batch.num_reqs, input_batch.num_tokens
+        k = self.k if num_speculative_tokens is None else min(num_speculative_tokens, self.k)
         aux = torch.cat([h[:n] for h in aux_hidden_states], dim=-1) if aux_hidden_states else last_hidden_states[:n]
         inputs = StepInputs(input_batch.input_ids[:n], input_batch.positions[:n], input_batch.query_start_loc[: b + 1],
                             aux, num_sampled[:b], num_rejected[:b], input_batch.idx_mapping[:b], last_sampled,
@@ -176,7 +180,7 @@ class PEagleSpeculator(DraftModelSpeculator):
             elif writes:
                 self._store_context(context, inputs.positions, hidden, slot_mappings, include_last)
 
-        if num_speculative_tokens == 0:  # no drafts this step: keep the draft KV in step (all valid rows)
+        if k == 0:  # no drafts this step: keep the draft KV in step (all valid rows)
             hidden = self.model.combine_hidden_states(aux)
             bonus = layout.bonus_tokens(inputs.num_sampled, inputs.idx_mapping, last_sampled, next_prefill_tokens)
             store_context(layout.context_rows(inputs.target_input_ids, inputs.query_start_loc, inputs.num_rejected,
@@ -185,21 +189,22 @@ class PEagleSpeculator(DraftModelSpeculator):
             return self.draft_tokens[:b]
 
         def run_query(query: layout.QueryRows, hidden: torch.Tensor) -> torch.Tensor:
-            metadata, slots = self._query_attention(input_batch, query) if writes else (None, None)
-            with set_forward_context(metadata, self.vllm_config, num_tokens=b * self.k, slot_mapping=slots,
+            metadata, slots = self._query_attention(input_batch, query, k) if writes else (None, None)
+            with set_forward_context(metadata, self.vllm_config, num_tokens=b * k, slot_mapping=slots,
                                      cudagraph_runtime_mode=CUDAGraphMode.NONE,
-                                     batch_descriptor=BatchDescriptor(num_tokens=b * self.k)):
+                                     batch_descriptor=BatchDescriptor(num_tokens=b * k)):
                 normed, _ = self.model(query.input_ids, query.positions, hidden)
             return normed
 
         cache = self.draft_logits
-        step = draft_step(self.model, self._mask_states, self._draft_to_target, inputs, self.k, self.max_model_len,
+        step = draft_step(self.model, self._mask_states, self._draft_to_target, inputs, k, self.max_model_len,
                           cache.values.dtype if cache is not None else self.dtype, store_context, run_query)
         self.num_proposals += 1
         self.num_bad_rows += step.num_bad_rows
         if cache is not None and writes:
             drafts.cache_draft_logits(cache.values, inputs.idx_mapping, step.rounded_logits, self._draft_to_target)
-        self.draft_tokens[:b] = step.tokens
+        self.draft_tokens[:b, :k] = step.tokens
+        self.draft_tokens[:b, k:] = -1
         return self.draft_tokens[:b]
 
     def _store_context(self, context: layout.ContextRows, positions: torch.Tensor, hidden: torch.Tensor,
@@ -230,9 +235,9 @@ class PEagleSpeculator(DraftModelSpeculator):
                                  batch_descriptor=BatchDescriptor(num_tokens=n)):
             self.model(context.input_ids, positions, hidden)
 
-    def _query_attention(self, input_batch: InputBatch, query: layout.QueryRows) -> tuple[Any, dict]:
-        """Attention metadata and slot mappings of the query pass (K rows per request, causal over the cache)."""
-        b, k = input_batch.num_reqs, self.k
+    def _query_attention(self, input_batch: InputBatch, query: layout.QueryRows, k: int) -> tuple[Any, dict]:
+        """Attention metadata and slot mappings of the query pass (k rows per request, causal over the cache)."""
+        b = input_batch.num_reqs
         num_q = b * k
         buffers = self.input_buffers
         buffers.input_ids[:num_q] = query.input_ids
