@@ -5,9 +5,9 @@ auxiliary hidden states the head reads ([3*Ht], float16) and the final normed st
 from which the trainer recomputes the target's logits over the draft vocabulary (one small matmul)
 instead of storing [V] logits per token. Conversations are captured in chunks of files written
 atomically, so a killed capture resumes at the first missing chunk; every head trained on the same
-data and auxiliary layers reads the same cache. The forward runs in float32, or under bfloat16 autocast
-(2.7x faster on a CPU with AVX512-BF16; its final states give the float32 argmax at 99% of tokens, KL
-0.0003), one precision per cache.
+data and auxiliary layers reads the same cache. The forward runs in float32, or under bfloat16 autocast (much
+faster on CPUs with bfloat16 matmuls; its final states give the float32 argmax at ~99% of tokens), one
+precision per cache.
 """
 
 from __future__ import annotations

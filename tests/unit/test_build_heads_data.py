@@ -1,0 +1,41 @@
+"""scripts/build_smollm2_heads.py keeps a finished distillation as committed data and restores it instead of
+distilling again."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("build_smollm2_heads", REPO / "scripts" / "build_smollm2_heads.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_finished_data_set_is_committed_gzipped_and_restored_as_distill_wrote_it(tmp_path: Path) -> None:
+    from peagle_vllm.harness.distill import LOG, chunk_path
+    from peagle_vllm.train.data import read_conversations
+
+    build = _script()
+    work, committed = tmp_path / "work" / "distill-b", tmp_path / "datasets" / "distill-b"
+    work.mkdir(parents=True)
+    rows = [{"prompt": f"p{i}", "temperature": 0.0, "prompt_ids": [1, i], "response_ids": [i, 2, 3], "finished": True}
+            for i in range(4)]
+    for c in range(2):
+        chunk_path(work, c).write_text("".join(json.dumps(r) + "\n" for r in rows[2 * c:2 * c + 2]))
+    (work / LOG).write_text(json.dumps({"tokens": 12, "seconds": 1.0, "rows": 4}))
+    build._restore_or_keep(tmp_path / "work" / "partial", committed)  # nothing finished, nothing committed: no-op
+    assert not committed.exists()
+    build._restore_or_keep(work, committed)
+    assert sorted(p.name for p in committed.iterdir()) == ["chunk-0000.jsonl.gz", "chunk-0001.jsonl.gz", LOG]
+    fresh = tmp_path / "fresh" / "distill-b"
+    build._restore_or_keep(fresh, committed)
+    assert read_conversations(fresh) == rows and chunk_path(fresh, 1).exists()
+    assert json.loads((fresh / LOG).read_text())["rows"] == 4
