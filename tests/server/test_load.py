@@ -92,7 +92,9 @@ def test_load_covered_long_prompts_stops_and_one_token_outputs(run) -> None:
 
 
 def test_outputs_identical_to_server_without_speculation(run) -> None:
-    assert run.kv_peak > 0.8, f"the KV cache was meant to (nearly) fill up (peak {run.kv_peak:.2f})"
+    # the polled gauge can miss the peak; a preemption happens only when the cache is full
+    assert run.kv_peak > 0.8 or run.preemptions > 0, \
+        f"the KV cache was meant to (nearly) fill up (peak {run.kv_peak:.2f}, no preemption)"
     print(f"preemptions during the load: {run.preemptions:.0f}")
     assert not run.mismatches, f"{len(run.mismatches)} mismatches:\n" + "\n".join(m.describe() for m in run.mismatches)
 
