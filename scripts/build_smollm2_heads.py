@@ -34,7 +34,8 @@ HEADS = {"smollm2-peagle-depth": "depth", "smollm2-peagle-standard": "standard",
 DATA_DIR = REPO / "datasets" / "smollm2"
 # Data sets: which of build_prompts' prompts each one answers, and the precision of its capture.
 DATASETS = {"distill": dict(prompts=(0, 3072), capture="float32"),
-            "distill-b": dict(prompts=(3072, 6144), capture="bfloat16")}
+            "distill-b": dict(prompts=(3072, 6144), capture="bfloat16"),
+            "distill-c": dict(prompts=(6144, 9216), capture="bfloat16")}
 RECIPE = dict(k=16, batch_size=8, seq_len=384, lr=2e-3, warmup=20, draft_vocab=8192, share_embeddings=True,
               checkpoint_every=16)
 # Each stage is one pass over a data set (384 steps of 8 conversations) with its own warmup and cosine decay.
