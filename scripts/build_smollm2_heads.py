@@ -40,7 +40,7 @@ RECIPE = dict(k=16, batch_size=8, seq_len=384, lr=2e-3, warmup=20, draft_vocab=8
               checkpoint_every=16)
 # Each stage is one pass over a data set (384 steps of 8 conversations) with its own warmup and cosine decay.
 STAGES = [dict(steps=384, precision="float32", data="distill"), dict(steps=768, precision="bfloat16", data="distill"),
-          dict(steps=1152, precision="bfloat16", data="distill-b")]
+          dict(steps=1152, precision="bfloat16", data="distill-b"), dict(steps=1536, precision="bfloat16", data="distill-c")]
 LAST_STEPS = 16  # the plot's agreement by depth: mean of the last steps (one batch alone is noisy)
 
 
