@@ -330,6 +330,7 @@ def train(recipe: TrainRecipe, resume: bool = False, init_from: str | None = Non
         torch.set_rng_state(state["torch_rng"])
         gen.set_state(state["cod_rng"])
         history, start, stages = state["history"], state["step"], state["stages"]
+        vocab = head.draft_to_target()  # the head's own: a new stage's data set would count another one
         elapsed = history[-1]["seconds"] if history else 0.0
         log(f"resuming at step {start}")
     stages = next_stages(stages, start, recipe)

@@ -119,3 +119,46 @@ def test_a_bfloat16_capture_is_close_to_float32_and_a_cache_keeps_one_precision(
     with pytest.raises(ValueError, match="captured in bfloat16, float32 was asked for"):
         capture_conversations(str(tiny["target"]), rows, fast, [1, 2, 3], precision="float32")
     assert capture_conversations(str(tiny["target"]), rows, fast, [1, 2, 3]) == fast  # None: the cache's own
+
+
+def test_a_run_resumed_on_a_new_data_set_keeps_its_heads_draft_vocabulary(tiny, tmp_path: Path, monkeypatch) -> None:
+    """A stage over another data set continues OUT's run: its labels must be the target's logits over the head's
+    own draft vocabulary, not over one counted from the new data (that would permute every label)."""
+    from peagle_vllm.train import trainer
+    from peagle_vllm.train.data import read_conversations
+
+    first = _conversations(tmp_path, tiny["target"])
+    second = tmp_path / "b"
+    second.mkdir()
+    for chunk in first.glob("chunk-*.jsonl"):  # other token counts: the responses reversed and cut short
+        rows = [json.loads(line) for line in chunk.read_text().splitlines()]
+        rows = [{**r, "response_ids": r["response_ids"][::-1][:6]} for r in rows]
+        (second / chunk.name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    seen = []
+    real = trainer.ConversationBatches
+
+    def spy(captured, lm_head, vocab):
+        seen.append(vocab.clone())
+        return real(captured, lm_head, vocab)
+
+    monkeypatch.setattr(trainer, "ConversationBatches", spy)
+    torch.set_num_threads(1)
+    out = tmp_path / "head"
+
+    def recipe(data: Path, steps: int):
+        return trainer.TrainRecipe(target=str(tiny["target"]), data=str(data), out=str(out), k=4, variant="depth",
+                                   steps=steps, batch_size=4, seq_len=64, draft_vocab=64, share_embeddings=True,
+                                   checkpoint_every=3)
+
+    trainer.train(recipe(first, 3))
+    trainer.train(recipe(second, 6), resume=True)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = AutoModelForCausalLM.from_pretrained(tiny["target"])
+    counts = torch.bincount(torch.tensor([t for r in read_conversations(second) for t in r["response_ids"]]),
+                            minlength=target.config.vocab_size)
+    own = trainer.draft_vocabulary(counts, 64, always=[AutoTokenizer.from_pretrained(tiny["target"]).eos_token_id])
+    assert not torch.equal(own, seen[0])  # the second data set alone would pick another vocabulary
+    assert len(seen) == 2 and torch.equal(seen[1], seen[0])
+    head = load_head(out, target_embeddings=target.get_input_embeddings().weight)
+    assert torch.equal(head.draft_to_target(), seen[0])
