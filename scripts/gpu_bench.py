@@ -65,21 +65,22 @@ class DecodeStep(torch.nn.Module):
         return head.draft_logits(head.norm(residual)).argmax(-1)
 
 
-def timed(fn, device: str, graphs: bool, reps: int = 20) -> float:
-    """Median seconds per call (CUDA graph replay on GPU when asked)."""
-    if device == "cuda" and graphs:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+def capture(fn):
+    """fn captured in a CUDA graph after warm-up on a side stream -> (graph.replay, the captured call's output)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
             fn()
-        call = graph.replay
-    else:
-        call = fn
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph.replay, out
+
+
+def median_seconds(call, device: str, reps: int = 20) -> float:
+    """Median wall seconds of `call` after 3 warm-up calls, the device synchronized around each."""
     for _ in range(3):
         call()
     times = []
@@ -92,6 +93,12 @@ def timed(fn, device: str, graphs: bool, reps: int = 20) -> float:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2]
+
+
+def timed(fn, device: str, graphs: bool, reps: int = 20) -> float:
+    """Median seconds per call (CUDA graph replay on GPU when asked)."""
+    call = capture(fn)[0] if device == "cuda" and graphs else fn
+    return median_seconds(call, device, reps)
 
 
 def floor(cfg: HeadConfig, batch: int, slots: int, context: int, device: str, elem: int) -> float:

@@ -28,7 +28,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_bench import DecodeStep  # noqa: E402
+from gpu_bench import DecodeStep, capture, median_seconds  # noqa: E402
 from peagle_vllm.harness.alloc_counter import AllocCounter  # noqa: E402
 from peagle_vllm.head import HeadConfig, PEagleHead  # noqa: E402
 from peagle_vllm.proposer import sample_drafts  # noqa: E402
@@ -154,33 +154,6 @@ def check_memory(args) -> dict:
     return out
 
 
-def median_ms(call, device: str, reps: int = 50) -> float:
-    times = []
-    for _ in range(reps):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        call()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2] * 1e3
-
-
-def capture(fn):
-    """fn captured in a CUDA graph (after warm-up on a side stream) -> (replay, static output)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = fn()
-    return graph.replay, static
-
-
 def check_graphs(args) -> dict:
     """The head's decode step: eager, CUDA graph, torch.compile + CUDA graph; same drafts, time each."""
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
@@ -195,13 +168,13 @@ def check_graphs(args) -> dict:
         for b, k in [(1, 8), (1, 32), (64, 8)]:
             step = DecodeStep(head, b, args.context, k)
             eager = step()
-            row = {"eager_ms": median_ms(step, args.device)}
+            row = {"eager_ms": median_seconds(step, args.device, 50) * 1e3}
             if args.device == "cuda":
                 replay, static = capture(step)
                 replay()
                 torch.cuda.synchronize()
                 row["graph_same_drafts"] = bool(torch.equal(static, eager))
-                row["graph_ms"] = median_ms(replay, args.device)
+                row["graph_ms"] = median_seconds(replay, args.device, 50) * 1e3
                 if not args.no_compile:
                     try:
                         t0 = time.perf_counter()
@@ -212,7 +185,7 @@ def check_graphs(args) -> dict:
                         replay_c()
                         torch.cuda.synchronize()
                         row["compiled_graph_agreement"] = float((static_c == eager).float().mean())
-                        row["compiled_graph_ms"] = median_ms(replay_c, args.device)
+                        row["compiled_graph_ms"] = median_seconds(replay_c, args.device, 50) * 1e3
                     except Exception as exc:
                         row["compile_error"] = str(exc).splitlines()[0][:300]
             out[f"b{b}_k{k}"] = row
