@@ -10,7 +10,8 @@ tests hold with fake tensors, checked against CUDA itself.
    eager step's drafts, and its replay time beside eager and `torch.compile`d replays.
 
     python scripts/gpu_core_check.py --out DIR      # writes DIR/gpu_core_check.json; exit 1 if a check fails
-    python scripts/gpu_core_check.py --device cpu --vocab 4096 --batch 4 --hidden 256   # the script's own check
+    python scripts/gpu_core_check.py --device cpu --hidden 256 --vocab 4096 --draft-vocab 1024 --context 64 \
+        --batch 8 --mem-batch 2                     # the script's own check, at CPU sizes
 """
 
 from __future__ import annotations

@@ -124,6 +124,8 @@ def test_a_bfloat16_capture_is_close_to_float32_and_a_cache_keeps_one_precision(
 def test_a_run_resumed_on_a_new_data_set_keeps_its_heads_draft_vocabulary(tiny, tmp_path: Path, monkeypatch) -> None:
     """A stage over another data set continues OUT's run: its labels must be the target's logits over the head's
     own draft vocabulary, not over one counted from the new data (that would permute every label)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from peagle_vllm.train import trainer
     from peagle_vllm.train.data import read_conversations
 
@@ -152,8 +154,6 @@ def test_a_run_resumed_on_a_new_data_set_keeps_its_heads_draft_vocabulary(tiny, 
 
     trainer.train(recipe(first, 3))
     trainer.train(recipe(second, 6), resume=True)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     target = AutoModelForCausalLM.from_pretrained(tiny["target"])
     counts = torch.bincount(torch.tensor([t for r in read_conversations(second) for t in r["response_ids"]]),
                             minlength=target.config.vocab_size)
