@@ -312,7 +312,6 @@ def train(recipe: TrainRecipe, resume: bool = False, init_from: str | None = Non
     if init_from:
         base, history, stages = _initial_head(init_from, head.cfg, target.get_input_embeddings().weight.detach())
         head.load_state_dict(base.state_dict())
-        vocab = head.draft_to_target()
         start, elapsed = (history[-1]["step"], history[-1]["seconds"]) if history else (0, 0.0)
         log(f"starting from {init_from} at step {start} (fresh optimizer)")
     else:
@@ -330,9 +329,9 @@ def train(recipe: TrainRecipe, resume: bool = False, init_from: str | None = Non
         torch.set_rng_state(state["torch_rng"])
         gen.set_state(state["cod_rng"])
         history, start, stages = state["history"], state["step"], state["stages"]
-        vocab = head.draft_to_target()  # the head's own: a new stage's data set would count another one
         elapsed = history[-1]["seconds"] if history else 0.0
         log(f"resuming at step {start}")
+    vocab = head.draft_to_target()  # labels over the head's own draft vocabulary, however the head was made
     stages = next_stages(stages, start, recipe)
     if conversations:
         cache = capture_conversations(recipe.target, rows, cache_dir_for(Path(recipe.data), aux), aux, log=log)
