@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from peagle_vllm.head import HeadConfig, PEagleHead, rotary  # noqa: E402
@@ -32,21 +34,29 @@ PEAK = {"cuda": (4.8e12, 9.9e14), "cpu": (5e10, 1e11)}  # (bytes/s, FLOP/s): H20
 
 
 class DecodeStep(torch.nn.Module):
-    """One head forward for `slots` new query slots per request over a cached context of C keys."""
+    """One head forward for `slots` new query slots per request over a cached context of C keys.
+
+    The slots' keys and values are written into the cache in place and attention is lower-right causal (each slot
+    sees the context and the slots before it) with no materialized mask, so SDPA can pick a flash kernel, as vLLM's
+    attention backends do; a boolean mask or a cache rebuilt by concatenation would time the math kernel and a copy.
+    """
 
     def __init__(self, head: PEagleHead, batch: int, context: int, slots: int) -> None:
         super().__init__()
         cfg, dev, dt = head.cfg, head.fc.weight.device, head.fc.weight.dtype
         self.head, self.slots = head, slots
-        layer = head.layers[0]
-        self.k_cache = torch.randn(batch, cfg.num_key_value_heads, context, cfg.head_dim, device=dev, dtype=dt)
+        # k_cache, v_cache: [batch, kv_heads, context + slots, head_dim]; the last `slots` rows are this step's
+        self.k_cache = torch.randn(batch, cfg.num_key_value_heads, context + slots, cfg.head_dim, device=dev, dtype=dt)
         self.v_cache = torch.randn_like(self.k_cache)
-        self.ids = torch.randint(0, cfg.vocab_size, (batch, slots), device=dev)
-        self.aux = torch.randn(batch, slots, 3 * cfg.hidden_size, device=dev, dtype=dt)
-        self.positions = torch.arange(context, context + slots, device=dev).expand(batch, -1)
-        self.mask = torch.cat([torch.ones(slots, context, dtype=torch.bool, device=dev),
-                               torch.ones(slots, slots, dtype=torch.bool, device=dev).tril()], dim=1)
-        self.layer = layer
+        self.ids = torch.randint(0, cfg.vocab_size, (batch, slots), device=dev)  # [batch, slots]
+        self.aux = torch.randn(batch, slots, 3 * cfg.hidden_size, device=dev, dtype=dt)  # [batch, slots, 3 * hidden]
+        self.positions = torch.arange(context, context + slots, device=dev).expand(batch, -1)  # [batch, slots]
+        self.causal = causal_lower_right(slots, context + slots)
+        self.layer = head.layers[0]
+
+    def attention(self, q: torch.Tensor) -> torch.Tensor:
+        """q: [batch, heads, slots, head_dim] over the cache -> [batch, heads, slots, head_dim]."""
+        return F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=self.causal, enable_gqa=True)
 
     def forward(self) -> torch.Tensor:
         head, layer, cfg = self.head, self.layer, self.head.cfg
@@ -57,12 +67,25 @@ class DecodeStep(torch.nn.Module):
         q = rotary(attn.q_proj(x).view(b, s, cfg.num_attention_heads, cfg.head_dim), self.positions, cfg.rope_theta)
         k = rotary(attn.k_proj(x).view(b, s, cfg.num_key_value_heads, cfg.head_dim), self.positions, cfg.rope_theta)
         v = attn.v_proj(x).view(b, s, cfg.num_key_value_heads, cfg.head_dim)
-        k = torch.cat([self.k_cache, k.transpose(1, 2)], dim=2)
-        v = torch.cat([self.v_cache, v.transpose(1, 2)], dim=2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=self.mask, enable_gqa=True)
+        self.k_cache[:, :, -s:] = k.transpose(1, 2)
+        self.v_cache[:, :, -s:] = v.transpose(1, 2)
+        out = self.attention(q.transpose(1, 2))
         residual = attn.o_proj(out.transpose(1, 2).reshape(b, s, -1)) + hidden
         residual = layer.mlp(layer.post_attention_layernorm(residual)) + residual
         return head.draft_logits(head.norm(residual)).argmax(-1)
+
+    def attention_kernel(self) -> str:
+        """The first of SDPA's kernels (flash, memory-efficient, math) that runs this step's attention."""
+        q = torch.randn(*self.ids.shape, self.head.cfg.num_attention_heads, self.head.cfg.head_dim,
+                        device=self.k_cache.device, dtype=self.k_cache.dtype).transpose(1, 2)
+        for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH):
+            try:
+                with sdpa_kernel(backend):
+                    self.attention(q)
+                return backend.name.lower()
+            except RuntimeError:
+                continue
+        return "none"
 
 
 def capture(fn):
@@ -134,6 +157,9 @@ def main() -> None:
     head = PEagleHead(cfg).to(dev, dtype).eval()
     print(f"device {dev} ({torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}), hidden {args.hidden}, "
           f"draft vocab {args.draft_vocab}, target vocab {args.vocab}, context {args.context}, {dtype}")
+    with torch.inference_mode():
+        kernels = {k: DecodeStep(head, 1, args.context, k).attention_kernel() for k in (1, max(args.ks))}
+    print(f"SDPA kernel: {kernels[1]} at 1 slot, {kernels[max(args.ks)]} at {max(args.ks)} slots\n")
     print("| batch | K | P-EAGLE (1 forward) ms | floor ms | EAGLE-3 (K forwards) ms | floor ms | ratio |")
     print("|---|---|---|---|---|---|---|")
     with torch.inference_mode():
