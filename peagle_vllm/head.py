@@ -177,7 +177,7 @@ class PEagleHead(nn.Module):
     def set_vocab_map(self, draft_to_target: torch.Tensor) -> None:
         """Install the draft vocabulary: `draft_to_target[i]` is the target id of draft id i."""
         draft_to_target = draft_to_target.to(torch.long)
-        self.d2t.copy_(draft_to_target - torch.arange(len(draft_to_target)))
+        self.d2t.copy_(draft_to_target - torch.arange(len(draft_to_target), device=draft_to_target.device))
         self.t2d.zero_()
         self.t2d[draft_to_target] = True
 

@@ -1,13 +1,15 @@
-"""Train the shipped heads for SmolLM2-135M-Instruct on this CPU, with equal budgets (same data, tokens, steps):
+"""Train the shipped heads for SmolLM2-135M-Instruct, with equal budgets (same data, tokens, steps):
 `smollm2-peagle-depth` (ours, K=16), `smollm2-peagle-standard` (the published P-EAGLE layout, K=16; also loads
 in vLLM's built-in parallel drafting) and `smollm2-eagle3` (sequential EAGLE-3 baseline).
 
-    python scripts/build_smollm2_heads.py            # every phase; rerun it to resume after an interruption
+    python scripts/build_smollm2_heads.py                  # every phase; rerun it to resume after an interruption
+    python scripts/build_smollm2_heads.py --device cuda    # the same on a GPU (scripts/lent_gpu_heads.sh)
 
 Phases, each resumable: self-distillation (the target answers a data set's training prompts, chunk by chunk),
 the capture of the target's states (once per data set, shared by the three heads), then each head's training
-(checkpointed every few steps) in STAGES: passes over a data set, each with its own learning-rate schedule and
-precision. Work goes to --work (default runs/smollm2-heads); finished heads are copied to models/ (weights,
+(checkpointed every few steps) in STAGES: passes over a data set, each with its own learning-rate schedule,
+precision and batch size. Every head finishes a stage before any head starts the next, so an interrupted build
+leaves heads with equal budgets. Work goes to --work (default runs/smollm2-heads); finished heads are copied to models/ (weights,
 config, train_log.json, loss.png, without the trainer's state), and a comparison plot of the three runs to
 models/smollm2-heads-loss.png. Wall time per phase is appended to --work/phases.json.
 
@@ -36,11 +38,15 @@ DATA_DIR = REPO / "datasets" / "smollm2"
 DATASETS = {"distill": dict(prompts=(0, 3072), capture="float32"),
             "distill-b": dict(prompts=(3072, 6144), capture="bfloat16"),
             "distill-c": dict(prompts=(6144, 9216), capture="bfloat16")}
-RECIPE = dict(k=16, batch_size=8, seq_len=384, lr=2e-3, warmup=20, draft_vocab=8192, share_embeddings=True,
+RECIPE = dict(k=16, seq_len=384, lr=2e-3, warmup=20, draft_vocab=8192, share_embeddings=True,
               checkpoint_every=16)
-# Each stage is one pass over a data set (384 steps of 8 conversations) with its own warmup and cosine decay.
+# Each stage ends at step `steps`, with its own warmup and cosine decay. The first four are one pass over a data set
+# each (384 steps of 8 conversations), trained on this CPU: the shipped heads have them. The next four (`gpu`) are
+# four passes each (192 steps of 64 conversations), sized for a GPU, where such a step costs 0.1-0.3 s (H200).
 STAGES = [dict(steps=384, precision="float32", data="distill"), dict(steps=768, precision="bfloat16", data="distill"),
-          dict(steps=1152, precision="bfloat16", data="distill-b"), dict(steps=1536, precision="bfloat16", data="distill-c")]
+          dict(steps=1152, precision="bfloat16", data="distill-b"), dict(steps=1536, precision="bfloat16", data="distill-c"),
+          *[dict(steps=1536 + 192 * (i + 1), precision="bfloat16", data=data, batch_size=64, gpu=True)
+            for i, data in enumerate(["distill-b", "distill-c", "distill-b", "distill-c"])]]
 LAST_STEPS = 16  # the plot's agreement by depth: mean of the last steps (one batch alone is noisy)
 
 
@@ -121,8 +127,9 @@ def main() -> None:
     parser.add_argument("--models", type=Path, default=REPO / "models")
     parser.add_argument("--heads", nargs="*", default=list(HEADS), help="which heads (default: all three)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="where the capture and training run (cpu, cuda)")
     args = parser.parse_args()
-    from peagle_vllm.harness.distill import distill
+    from peagle_vllm.harness.distill import LOG, distill
     from peagle_vllm.harness.real_target import check_converted
     from peagle_vllm.train.prompts import build_prompts
     from peagle_vllm.train.capture import cache_dir_for, capture_conversations
@@ -135,41 +142,51 @@ def main() -> None:
     aux = default_aux_layers(json.loads((TARGET / "config.json").read_text())["num_hidden_layers"])
     done = {name: _planned_steps(args.models / name) for name in args.heads}
     needed = [s["data"] for s in STAGES if s["steps"] > min(done.values())]
+    gpu_stage = next((s for s in STAGES if s["steps"] > min(done.values()) and s.get("gpu")), None)
+    if gpu_stage and args.device == "cpu":
+        raise SystemExit(f"the stage to step {gpu_stage['steps']} ({gpu_stage['batch_size']} conversations a step) is "
+                         "sized for a GPU: run with --device cuda (on a lent machine: scripts/lent_gpu_heads.sh)")
     for name in dict.fromkeys(needed):  # each data set the remaining stages read, in order
         data, spec = args.work / name, DATASETS[name]
         _restore_or_keep(data, DATA_DIR / name)
-        record = distill(str(TARGET), build_prompts(spec["prompts"][1])[slice(*spec["prompts"])], data)
-        _restore_or_keep(data, DATA_DIR / name)
+        if (DATA_DIR / name).is_dir():  # restored: distilled before, no target run needed
+            record = json.loads((data / LOG).read_text())
+        else:
+            record = distill(str(TARGET), build_prompts(spec["prompts"][1])[slice(*spec["prompts"])], data)
+            _restore_or_keep(data, DATA_DIR / name)
         _record(args.work, f"self-distillation {name}", record["seconds"], tokens=record["tokens"],
                 conversations=record["rows"])
         t0 = time.time()
         capture_conversations(str(TARGET), read_conversations(data), cache_dir_for(data, aux), aux,
-                              precision=spec["capture"])
+                              precision=spec["capture"], device=args.device)
         _record(args.work, f"capture {name}", time.time() - t0, accumulate=True, precision=spec["capture"])
+    first = {}  # each head's first stage to train: the stage in progress, else the one after what models/ has
     for name in args.heads:
         run = args.work / name
         planned = _planned_steps(run)
         if planned > STAGES[-1]["steps"]:
             raise SystemExit(f"{run} holds a stage to step {planned}, beyond STAGES (to {STAGES[-1]['steps']}): "
                              "add that stage to STAGES to finish it, or remove the run to start over")
-        shipped = done[name]
-        if shipped not in [0, *[s["steps"] for s in STAGES]]:
-            raise SystemExit(f"{args.models / name} ends at step {shipped}, where no stage of STAGES ends: remove "
+        if done[name] not in [0, *[s["steps"] for s in STAGES]]:
+            raise SystemExit(f"{args.models / name} ends at step {done[name]}, where no stage of STAGES ends: remove "
                              "it to train the head from the start")
-        init_from = args.models / name if not run.exists() and shipped else None
-        todo = [s for s in STAGES if s["steps"] >= max(planned, shipped + 1)]  # from the stage in progress
-        last = None
-        for i, stage in enumerate(todo):
+        first[name] = max(planned, done[name] + 1)
+    for stage in STAGES:
+        heads = [name for name in args.heads if stage["steps"] >= first[name]]
+        for name in heads:
+            run = args.work / name
+            init_from = args.models / name if not run.exists() and done[name] else None
             recipe = TrainRecipe(target=str(TARGET), data=str(args.work / stage["data"]), out=str(run),
-                                 variant=HEADS[name], **RECIPE, steps=stage["steps"], precision=stage["precision"])
-            last = train(recipe, resume=run.exists() and not (i == 0 and init_from),
-                         init_from=str(init_from) if i == 0 and init_from else None)
-        if last is None:
-            continue  # this head has every stage already
-        _record(args.work, name, last["seconds"], tokens=last["tokens"], steps=last["step"])
-        shutil.rmtree(args.models / name, ignore_errors=True)
-        shutil.copytree(run, args.models / name, ignore=shutil.ignore_patterns(STATE_DIR))
-        _plot(args.models)
+                                 variant=HEADS[name], **RECIPE, batch_size=stage.get("batch_size", 8),
+                                 steps=stage["steps"], precision=stage["precision"], device=args.device)
+            last = train(recipe, resume=run.exists(), init_from=str(init_from) if init_from else None)
+            _record(args.work, name, last["seconds"], tokens=last["tokens"], steps=last["step"])
+        for name in heads:  # every head has this stage: ship them together
+            shutil.rmtree(args.models / name, ignore_errors=True)
+            shutil.copytree(args.work / name, args.models / name, ignore=shutil.ignore_patterns(STATE_DIR))
+        if heads:
+            _plot(args.models)
+
 
 if __name__ == "__main__":
     main()

@@ -24,20 +24,20 @@ def distill(target: str, prompts: list[str], out: Path, max_tokens: int = 256, c
             sampled_every: int = 3, max_num_seqs: int = 256, log=print) -> dict:
     """Answers `prompts` with the target (chunk c is sampled when c % sampled_every == 0, else greedy);
     skips chunks already written. Returns the log: tokens, seconds, rows."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / LOG
+    record = json.loads(log_path.read_text()) if log_path.exists() else {"tokens": 0, "seconds": 0.0, "rows": 0}
+    todo = [i for i in range(0, len(prompts), chunk) if not chunk_path(out, i // chunk).exists()]
+    if not todo:  # (before vLLM is imported: a finished data set needs none)
+        log(f"self-distillation: all {len(prompts)} prompts answered in {out} (cached)")
+        return record
     from tqdm import tqdm
     from vllm import SamplingParams
 
     from peagle_vllm.harness.runs import close_llm, make_llm, set_cpu_defaults
 
     set_cpu_defaults()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    log_path = out / LOG
-    record = json.loads(log_path.read_text()) if log_path.exists() else {"tokens": 0, "seconds": 0.0, "rows": 0}
-    todo = [i for i in range(0, len(prompts), chunk) if not chunk_path(out, i // chunk).exists()]
-    if not todo:
-        log(f"self-distillation: all {len(prompts)} prompts answered in {out} (cached)")
-        return record
     llm = make_llm(target, None, max_model_len=1024, max_num_seqs=max_num_seqs)
     tokenizer = llm.get_tokenizer()
     bar = tqdm(total=len(prompts), initial=len(prompts) - sum(len(prompts[i:i + chunk]) for i in todo),

@@ -42,9 +42,11 @@ def capture_states(target, ids: torch.Tensor, aux_layer_ids: list[int]) -> tuple
 
 
 def capture_conversations(target_dir: str, rows: list[dict], cache: Path, aux_layer_ids: list[int],
-                          batch_tokens: int = 4096, precision: str | None = None, log=print) -> Path:
+                          batch_tokens: int = 4096, precision: str | None = None, device: str = "cpu",
+                          log=print) -> Path:
     """Captures `rows` ({"prompt_ids", "response_ids"}) into `cache` chunk by chunk; returns `cache`.
-    `precision` ("float32" or "bfloat16"; None: the cache's own, float32 for a new one) is the forward's."""
+    `precision` ("float32" or "bfloat16"; None: the cache's own, float32 for a new one) is the forward's;
+    `device` runs it (the cache is the same wherever it was made)."""
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM
 
@@ -65,7 +67,8 @@ def capture_conversations(target_dir: str, rows: list[dict], cache: Path, aux_la
     todo = [c for c in range(0, len(rows), CHUNK) if not (cache / f"chunk-{c // CHUNK:04d}").is_dir()]
     if not todo:
         return cache
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval()
+    dev = torch.device(device)
     total = sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
     done = total - sum(len(r["prompt_ids"]) + len(r["response_ids"]) for c in todo for r in rows[c:c + CHUNK])
     t0 = time.time()
@@ -86,12 +89,13 @@ def capture_conversations(target_dir: str, rows: list[dict], cache: Path, aux_la
                 ids = torch.zeros(len(batch), longest, dtype=torch.long)
                 for row, s in enumerate(batch):
                     ids[row, :len(seqs[s])] = torch.tensor(seqs[s])
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16"):
-                    aux, final = capture_states(target, ids, aux_layer_ids)
+                with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
+                    aux, final = capture_states(target, ids.to(dev), aux_layer_ids)
+                aux, final = aux.to(torch.float16).cpu(), final.to(torch.float16).cpu()
                 for row, s in enumerate(batch):
                     n = len(seqs[s])
-                    aux_out[s] = aux[row, :n].to(torch.float16).numpy()
-                    final_out[s] = final[row, :n].to(torch.float16).numpy()
+                    aux_out[s] = aux[row, :n].numpy()
+                    final_out[s] = final[row, :n].numpy()
                     bar.update(n)
                 i = j
             lengths = np.array([len(s) for s in seqs], dtype=np.int64)
@@ -130,13 +134,20 @@ class CapturedConversations:
     An epoch is a permutation of all conversations drawn from (seed, epoch); batch b of an epoch is
     then the same for every run with the same seed and batch size, so heads trained for equal steps
     see exactly the same data, and a resumed run continues with the batch it would have drawn.
+    The cache is memory-mapped, or with `preload` (default: on an accelerator) loaded whole onto `device`, so a
+    batch is gathered where it is used instead of copied from the host at every step.
     """
 
-    def __init__(self, cache: Path, batch_size: int, seed: int = 0, max_len: int | None = None) -> None:
+    def __init__(self, cache: Path, batch_size: int, seed: int = 0, max_len: int | None = None,
+                 device: str = "cpu", preload: bool | None = None) -> None:
         dirs = [d for d in sorted(Path(cache).glob("chunk-*")) if d.is_dir() and not d.name.endswith(".tmp")]
         if not dirs:
             raise FileNotFoundError(f"{cache} holds no captured chunk: capture the data first")
+        self.device = torch.device(device)
         self._arrays = [{k: np.load(d / f"{k}.npy", mmap_mode="r") for k in ("tokens", "aux", "final")} for d in dirs]
+        if self.device.type != "cpu" if preload is None else preload:
+            self._arrays = [{k: torch.from_numpy(np.array(a)).to(self.device) for k, a in arrays.items()}
+                            for arrays in self._arrays]
         self.index: list[tuple[int, int, int, int]] = []  # (chunk, start, length, response start)
         for c, d in enumerate(dirs):
             offsets, response = np.load(d / "offsets.npy"), np.load(d / "response_start.npy")
@@ -167,21 +178,26 @@ class CapturedConversations:
         order = rng.permutation(len(batches))
         return [batches[i] for i in order]
 
+    def _rows(self, chunk: int, key: str, start: int, length: int) -> torch.Tensor:
+        """Rows [start, start + length) of one chunk's array `key` ([N] tokens or [N, D] states), as stored."""
+        part = self._arrays[chunk][key][start:start + length]
+        return part if isinstance(part, torch.Tensor) else torch.from_numpy(np.array(part))
+
     def batch(self, step: int) -> Batch:
         """The batch of global step `step` (0-based), epochs following each other."""
         per_epoch = self.batches_per_epoch
         members = self._epoch_batches(step // per_epoch)[step % per_epoch]
         longest = max(self.index[i][2] for i in members)
         ht = self._arrays[0]["final"].shape[1]
-        ids = torch.zeros(len(members), longest, dtype=torch.long)
-        aux = torch.zeros(len(members), longest, self._arrays[0]["aux"].shape[1])
-        final = torch.zeros(len(members), longest, ht)
-        mask = torch.zeros(len(members), longest, dtype=torch.bool)
+        dev = self.device
+        ids = torch.zeros(len(members), longest, dtype=torch.long, device=dev)
+        aux = torch.zeros(len(members), longest, self._arrays[0]["aux"].shape[1], device=dev)
+        final = torch.zeros(len(members), longest, ht, device=dev)
+        mask = torch.zeros(len(members), longest, dtype=torch.bool, device=dev)
         for row, i in enumerate(members):
             c, start, length, response = self.index[i]
-            arr = self._arrays[c]
-            ids[row, :length] = torch.from_numpy(arr["tokens"][start:start + length].astype(np.int64))
-            aux[row, :length] = torch.from_numpy(arr["aux"][start:start + length].astype(np.float32))
-            final[row, :length] = torch.from_numpy(arr["final"][start:start + length].astype(np.float32))
+            ids[row, :length] = self._rows(c, "tokens", start, length)
+            aux[row, :length] = self._rows(c, "aux", start, length)
+            final[row, :length] = self._rows(c, "final", start, length)
             mask[row, response - 1:length - 1] = True  # the distribution at t predicts token t+1 of the response
         return Batch(ids, aux, final, mask)

@@ -37,6 +37,7 @@ STATE_DIR = "trainer"  # inside --out: the resumable state, removed when the run
 STATE_FILE = "trainer_state.pt"
 LOG_FILE = "train_log.json"
 DEPTH_DECAY = 0.8
+MAX_SKIPPED = 8  # steps in a row whose loss or gradient is not finite before a run stops as diverged
 
 
 @dataclass
@@ -91,7 +92,7 @@ def next_stages(stages: list[dict], done: int, recipe: TrainRecipe) -> list[dict
     if recipe.steps == done:
         return stages
     return [*stages, {"start": done, "end": recipe.steps, "precision": recipe.precision, "lr": recipe.lr,
-                      "data": Path(recipe.data).name}]
+                      "batch_size": recipe.batch_size, "data": Path(recipe.data).name, "device": recipe.device}]
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
@@ -334,9 +335,11 @@ def train(recipe: TrainRecipe, resume: bool = False, init_from: str | None = Non
     vocab = head.draft_to_target()  # labels over the head's own draft vocabulary, however the head was made
     stages = next_stages(stages, start, recipe)
     if conversations:
-        cache = capture_conversations(recipe.target, rows, cache_dir_for(Path(recipe.data), aux), aux, log=log)
+        cache = capture_conversations(recipe.target, rows, cache_dir_for(Path(recipe.data), aux), aux,
+                                      device=recipe.device, log=log)
         del rows
-        source = ConversationBatches(CapturedConversations(cache, recipe.batch_size, recipe.seed, recipe.seq_len),
+        source = ConversationBatches(CapturedConversations(cache, recipe.batch_size, recipe.seed, recipe.seq_len,
+                                                           device=recipe.device),
                                      target.get_output_embeddings().weight.detach(), vocab)
         del target  # its states are cached; only the output rows of the draft vocabulary are kept
     else:
@@ -344,6 +347,7 @@ def train(recipe: TrainRecipe, resume: bool = False, init_from: str | None = Non
     tokens = history[-1].get("tokens", 0) if history else 0
     bar = tqdm(range(start, recipe.steps), initial=start, total=recipe.steps, desc=f"train {recipe.variant} K={recipe.k}")
     t0 = time.time() - elapsed
+    skipped = 0
     for step in bar:
         stage = stages[-1]
         lr = stage_lr(stage, recipe.warmup, step)
@@ -358,13 +362,24 @@ def train(recipe: TrainRecipe, resume: bool = False, init_from: str | None = Non
             loss, accuracy = step_loss(head, layout, ids, aux_states, logits, loss_mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        opt.step()
-        tokens += int(loss_mask.sum()) if loss_mask is not None else ids.numel()
+        grad_norm = torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        finite = bool(torch.isfinite(loss) and torch.isfinite(grad_norm))
+        if finite:  # a non-finite step is skipped: one bad batch must not turn every weight into NaN
+            opt.step()
+            tokens += int(loss_mask.sum()) if loss_mask is not None else ids.numel()
+            skipped = 0
+        else:
+            skipped += 1
+            log(f"step {step + 1}: loss {loss.item()}, gradient norm {grad_norm.item()}: skipped")
+            if skipped == MAX_SKIPPED:
+                raise FloatingPointError(
+                    f"training diverged: {MAX_SKIPPED} steps in a row to step {step + 1} had a loss or gradient that "
+                    f"is not finite (the head's weights stayed finite): train again with a lower --lr (--init-from a finished "
+                    "head keeps its earlier stages)")
         bar.set_postfix(loss=f"{loss.item():.3f}", acc1=f"{accuracy.get(0, 0):.2f}",
                         accK=f"{accuracy.get(recipe.k - 1, 0):.2f}")
         entry = {"step": step + 1, "loss": loss.item(), "lr": lr, "accuracy": accuracy, "tokens": tokens,
-                 "seconds": round(time.time() - t0, 2)}
+                 "seconds": round(time.time() - t0, 2), **({} if finite else {"skipped": True})}
         history.append(entry)
         if (step + 1) % recipe.checkpoint_every == 0 or step + 1 == recipe.steps:
             tmp = state_path.with_suffix(".tmp")

@@ -152,8 +152,9 @@ def test_a_finished_run_continues_in_a_new_stage_with_its_own_schedule_and_preci
         trainer.train(recipe(8, "float16"), resume=True)
     trainer.train(recipe(8, "bfloat16"), resume=True)
     log = json.loads((tmp_path / "run" / "train_log.json").read_text())
-    assert log["stages"] == [{"start": 0, "end": 4, "precision": "float32", "lr": 1e-3, "data": "data.txt"},
-                             {"start": 4, "end": 8, "precision": "bfloat16", "lr": 1e-3, "data": "data.txt"}]
+    same = {"lr": 1e-3, "batch_size": 2, "data": "data.txt", "device": "cpu"}
+    assert log["stages"] == [{"start": 0, "end": 4, "precision": "float32", **same},
+                             {"start": 4, "end": 8, "precision": "bfloat16", **same}]
     lrs = [h["lr"] for h in log["history"]]
     assert len(lrs) == 8 and lrs[4] == pytest.approx(lrs[0]) == pytest.approx(5e-4)  # warmup again from step 5
     assert lrs[3] < lrs[4] and lrs[7] < lrs[5]  # each stage decays to its end
@@ -203,3 +204,44 @@ def test_a_new_run_starts_from_a_finished_heads_weights_and_continues_its_log(ti
     assert [(s["start"], s["end"]) for s in log["stages"]] == [(0, 4), (4, 8)]
     second = load_head(tmp_path / "second")
     assert not torch.equal(first.fc.weight, second.fc.weight)
+
+
+def test_a_step_whose_loss_is_not_finite_is_skipped_and_a_run_that_keeps_diverging_stops(tiny, tmp_path: Path,
+                                                                                        monkeypatch) -> None:
+    """One bad batch (here: a NaN injected into step 3's loss) leaves the weights as they were; a run whose
+    every step is non-finite stops after MAX_SKIPPED steps instead of writing NaN weights."""
+    from tiny_models import TEXT
+
+    import peagle_vllm.train.trainer as trainer
+    from peagle_vllm.checkpoint import read_tensors
+
+    data = tmp_path / "data.txt"
+    data.write_text(TEXT)
+    torch.set_num_threads(1)
+    real_step_loss, calls = trainer.step_loss, []
+
+    def poisoned(bad_steps):
+        def step_loss(*args, **kwargs):
+            loss, accuracy = real_step_loss(*args, **kwargs)
+            calls.append(len(calls) + 1)
+            return (loss * float("nan") if calls[-1] in bad_steps else loss), accuracy
+        return step_loss
+
+    def recipe(out: str, steps: int) -> trainer.TrainRecipe:
+        return trainer.TrainRecipe(target=str(tiny["target"]), data=str(data), out=str(tmp_path / out), k=4,
+                                   steps=steps, batch_size=2, seq_len=32, draft_vocab=256, self_distill=False,
+                                   warmup=2, lr=1e-3, checkpoint_every=2)
+
+    monkeypatch.setattr(trainer, "step_loss", poisoned({3}))
+    trainer.train(recipe("one-bad-batch", 5))
+    history = json.loads((tmp_path / "one-bad-batch" / "train_log.json").read_text())["history"]
+    assert [h.get("skipped", False) for h in history] == [False, False, True, False, False]
+    assert history[2]["tokens"] == history[1]["tokens"] < history[3]["tokens"]  # the skipped batch is not counted
+    assert all(torch.isfinite(t.float()).all() for t in read_tensors(tmp_path / "one-bad-batch").values())
+
+    calls.clear()
+    monkeypatch.setattr(trainer, "step_loss", poisoned(set(range(1, 100))))
+    with pytest.raises(FloatingPointError, match=f"{trainer.MAX_SKIPPED} steps in a row to step {trainer.MAX_SKIPPED}"):
+        trainer.train(recipe("diverged", 20))
+    state = torch.load(tmp_path / "diverged" / trainer.STATE_DIR / trainer.STATE_FILE, weights_only=False)
+    assert all(torch.isfinite(t.float()).all() for t in state["head"].values())

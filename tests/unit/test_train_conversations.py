@@ -75,6 +75,11 @@ def test_epochs_are_permutations_and_the_same_for_every_run_with_the_seed(tiny, 
     assert sorted(seen) == list(range(len(a.index)))  # every conversation once per epoch
     assert all(torch.equal(a.batch(s).ids, b.batch(s).ids) for s in range(8))
     assert not torch.equal(a.batch(0).ids, CapturedConversations(cache, 4, seed=4).batch(0).ids)
+    loaded = CapturedConversations(cache, 4, seed=3, preload=True)  # as on a GPU: the cache in memory, not mapped
+    assert isinstance(loaded._arrays[0]["aux"], torch.Tensor) and not isinstance(a._arrays[0]["aux"], torch.Tensor)
+    for s in range(4):
+        x, y = a.batch(s), loaded.batch(s)
+        assert all(torch.equal(getattr(x, f), getattr(y, f)) for f in ("ids", "aux", "final", "loss_mask"))
 
 
 def test_heads_trained_on_conversations_share_the_cache_and_load_with_the_targets_embeddings(tiny, tmp_path: Path,
