@@ -4,14 +4,16 @@ in vLLM's built-in parallel drafting) and `smollm2-eagle3` (sequential EAGLE-3 b
 
     python scripts/build_smollm2_heads.py                  # every phase; rerun it to resume after an interruption
     python scripts/build_smollm2_heads.py --device cuda    # the same on a GPU (scripts/lent_gpu_heads.sh)
+    python scripts/build_smollm2_heads.py --distill-only   # only distill the data sets the stages to come read
 
 Phases, each resumable: self-distillation (the target answers a data set's training prompts, chunk by chunk),
 the capture of the target's states (once per data set, shared by the three heads), then each head's training
 (checkpointed every few steps) in STAGES: passes over a data set, each with its own learning-rate schedule,
 precision and batch size. Every head finishes a stage before any head starts the next, so an interrupted build
-leaves heads with equal budgets. Work goes to --work (default runs/smollm2-heads); finished heads are copied to models/ (weights,
-config, train_log.json, loss.png, without the trainer's state), and a comparison plot of the three runs to
-models/smollm2-heads-loss.png. Wall time per phase is appended to --work/phases.json.
+leaves heads with equal budgets; stages marked `gpu` are refused on the CPU. Work goes to --work (default
+runs/smollm2-heads); when a stage ends, the heads are copied to models/ (weights, config, train_log.json,
+loss.png, without the trainer's state), and a comparison plot of the three runs to models/smollm2-heads-loss.png.
+Wall time per phase is appended to --work/phases.json.
 
 A head in models/ whose stages end where the next stage begins continues from its exported weights with a fresh
 optimizer (the trainer's state does not outlive --work). Distilled data sets are committed in DATA_DIR (token
@@ -37,16 +39,20 @@ DATA_DIR = REPO / "datasets" / "smollm2"
 # Data sets: which of build_prompts' prompts each one answers, and the precision of its capture.
 DATASETS = {"distill": dict(prompts=(0, 3072), capture="float32"),
             "distill-b": dict(prompts=(3072, 6144), capture="bfloat16"),
-            "distill-c": dict(prompts=(6144, 9216), capture="bfloat16")}
+            "distill-c": dict(prompts=(6144, 9216), capture="bfloat16"),
+            **{f"distill-{x}": dict(prompts=(3072 * i, 3072 * (i + 1)), capture="bfloat16")
+               for i, x in enumerate("def", 3)}}
 RECIPE = dict(k=16, seq_len=384, lr=2e-3, warmup=20, draft_vocab=8192, share_embeddings=True,
               checkpoint_every=16)
 # Each stage ends at step `steps`, with its own warmup and cosine decay. The first four are one pass over a data set
-# each (384 steps of 8 conversations), trained on this CPU: the shipped heads have them. The next four (`gpu`) are
-# four passes each (192 steps of 64 conversations), sized for a GPU, where such a step costs 0.1-0.3 s (H200).
+# each (384 steps of 8 conversations), trained on this CPU: the shipped heads have them. The next five (`gpu`) are
+# two passes each (96 steps of 64 conversations), new data sets first, sized for a GPU, where such a step costs
+# 0.1-0.3 s (H200).
 STAGES = [dict(steps=384, precision="float32", data="distill"), dict(steps=768, precision="bfloat16", data="distill"),
-          dict(steps=1152, precision="bfloat16", data="distill-b"), dict(steps=1536, precision="bfloat16", data="distill-c"),
-          *[dict(steps=1536 + 192 * (i + 1), precision="bfloat16", data=data, batch_size=64, gpu=True)
-            for i, data in enumerate(["distill-b", "distill-c", "distill-b", "distill-c"])]]
+          dict(steps=1152, precision="bfloat16", data="distill-b"),
+          dict(steps=1536, precision="bfloat16", data="distill-c"),
+          *[dict(steps=1536 + 96 * (i + 1), precision="bfloat16", data=data, batch_size=64, gpu=True)
+            for i, data in enumerate(["distill-d", "distill-e", "distill-f", "distill-b", "distill-c"])]]
 LAST_STEPS = 16  # the plot's agreement by depth: mean of the last steps (one batch alone is noisy)
 
 
@@ -128,6 +134,8 @@ def main() -> None:
     parser.add_argument("--heads", nargs="*", default=list(HEADS), help="which heads (default: all three)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="where the capture and training run (cpu, cuda)")
+    parser.add_argument("--distill-only", action="store_true",
+                        help="only distill (and commit) the data sets the stages to come read; no capture, no training")
     args = parser.parse_args()
     from peagle_vllm.harness.distill import LOG, distill
     from peagle_vllm.harness.real_target import check_converted
@@ -143,7 +151,7 @@ def main() -> None:
     done = {name: _planned_steps(args.models / name) for name in args.heads}
     needed = [s["data"] for s in STAGES if s["steps"] > min(done.values())]
     gpu_stage = next((s for s in STAGES if s["steps"] > min(done.values()) and s.get("gpu")), None)
-    if gpu_stage and args.device == "cpu":
+    if gpu_stage and args.device == "cpu" and not args.distill_only:
         raise SystemExit(f"the stage to step {gpu_stage['steps']} ({gpu_stage['batch_size']} conversations a step) is "
                          "sized for a GPU: run with --device cuda (on a lent machine: scripts/lent_gpu_heads.sh)")
     for name in dict.fromkeys(needed):  # each data set the remaining stages read, in order
@@ -156,10 +164,14 @@ def main() -> None:
             _restore_or_keep(data, DATA_DIR / name)
         _record(args.work, f"self-distillation {name}", record["seconds"], tokens=record["tokens"],
                 conversations=record["rows"])
+        if args.distill_only:
+            continue
         t0 = time.time()
         capture_conversations(str(TARGET), read_conversations(data), cache_dir_for(data, aux), aux,
                               precision=spec["capture"], device=args.device)
         _record(args.work, f"capture {name}", time.time() - t0, accumulate=True, precision=spec["capture"])
+    if args.distill_only:
+        return
     first = {}  # each head's first stage to train: the stage in progress, else the one after what models/ has
     for name in args.heads:
         run = args.work / name

