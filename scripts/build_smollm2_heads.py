@@ -40,19 +40,19 @@ DATA_DIR = REPO / "datasets" / "smollm2"
 DATASETS = {"distill": dict(prompts=(0, 3072), capture="float32"),
             "distill-b": dict(prompts=(3072, 6144), capture="bfloat16"),
             "distill-c": dict(prompts=(6144, 9216), capture="bfloat16"),
-            **{f"distill-{x}": dict(prompts=(3072 * i, 3072 * (i + 1)), capture="bfloat16")
-               for i, x in enumerate("def", 3)}}
+            "distill-d": dict(prompts=(9216, 12288), capture="bfloat16"),
+            "distill-e": dict(prompts=(12288, 15360), capture="bfloat16")}
 RECIPE = dict(k=16, seq_len=384, lr=2e-3, warmup=20, draft_vocab=8192, share_embeddings=True,
               checkpoint_every=16)
 # Each stage ends at step `steps`, with its own warmup and cosine decay. The first four are one pass over a data set
-# each (384 steps of 8 conversations), trained on this CPU: the shipped heads have them. The next five (`gpu`) are
+# each (384 steps of 8 conversations), trained on this CPU: the shipped heads have them. The next four (`gpu`) are
 # two passes each (96 steps of 64 conversations), new data sets first, sized for a GPU, where such a step costs
 # 0.1-0.3 s (H200).
 STAGES = [dict(steps=384, precision="float32", data="distill"), dict(steps=768, precision="bfloat16", data="distill"),
           dict(steps=1152, precision="bfloat16", data="distill-b"),
           dict(steps=1536, precision="bfloat16", data="distill-c"),
           *[dict(steps=1536 + 96 * (i + 1), precision="bfloat16", data=data, batch_size=64, gpu=True)
-            for i, data in enumerate(["distill-d", "distill-e", "distill-f", "distill-b", "distill-c"])]]
+            for i, data in enumerate(["distill-d", "distill-e", "distill-b", "distill-c"])]]
 LAST_STEPS = 16  # the plot's agreement by depth: mean of the last steps (one batch alone is noisy)
 
 

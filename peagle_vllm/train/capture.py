@@ -145,7 +145,9 @@ class CapturedConversations:
             raise FileNotFoundError(f"{cache} holds no captured chunk: capture the data first")
         self.device = torch.device(device)
         self._arrays = [{k: np.load(d / f"{k}.npy", mmap_mode="r") for k in ("tokens", "aux", "final")} for d in dirs]
-        if self.device.type != "cpu" if preload is None else preload:
+        if preload is None:
+            preload = self.device.type != "cpu"
+        if preload:
             self._arrays = [{k: torch.from_numpy(np.array(a)).to(self.device) for k, a in arrays.items()}
                             for arrays in self._arrays]
         self.index: list[tuple[int, int, int, int]] = []  # (chunk, start, length, response start)
