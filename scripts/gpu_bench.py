@@ -44,7 +44,7 @@ class DecodeStep(torch.nn.Module):
     def __init__(self, head: PEagleHead, batch: int, context: int, slots: int) -> None:
         super().__init__()
         cfg, dev, dt = head.cfg, head.fc.weight.device, head.fc.weight.dtype
-        self.head, self.slots = head, slots
+        self.head = head
         # k_cache, v_cache: [batch, kv_heads, context + slots, head_dim]; the last `slots` rows are this step's
         self.k_cache = torch.randn(batch, cfg.num_key_value_heads, context + slots, cfg.head_dim, device=dev, dtype=dt)
         self.v_cache = torch.randn_like(self.k_cache)

@@ -67,8 +67,8 @@ def capture_conversations(target_dir: str, rows: list[dict], cache: Path, aux_la
     todo = [c for c in range(0, len(rows), CHUNK) if not (cache / f"chunk-{c // CHUNK:04d}").is_dir()]
     if not todo:
         return cache
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval()
     dev = torch.device(device)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(dev).eval()
     total = sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
     done = total - sum(len(r["prompt_ids"]) + len(r["response_ids"]) for c in todo for r in rows[c:c + CHUNK])
     t0 = time.time()
