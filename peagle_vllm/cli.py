@@ -175,9 +175,11 @@ def _mode_ks(text: str) -> tuple[str, list[int]]:
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    from peagle_vllm.harness.bench import adaptive_summary, markdown_table, run_bench
+    from peagle_vllm.harness.runs import quiet_vllm
 
-    from peagle_vllm.harness.bench import MODES
+    if not args.verbose:
+        quiet_vllm()
+    from peagle_vllm.harness.bench import MODES, adaptive_summary, markdown_table, run_bench
 
     unknown = sorted({mode for mode, _ in args.mode_k or []} - {m.name for m in MODES})
     if unknown:
@@ -298,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the Ks of one mode, instead of --k (e.g. vllm-eagle3=1,2)")
     b.add_argument("--modes", nargs="*", help="subset of: no-spec vllm-eagle3 vllm-parallel p_eagle-standard "
                    "p_eagle-depth p_eagle-depth-adaptive")
+    b.add_argument("--verbose", action="store_true", help="show vLLM's INFO logs")
     b.set_defaults(func=cmd_bench)
 
     sub.add_parser("serve", help="vLLM's OpenAI server with the plugin: peagle-vllm serve TARGET [vllm flags]",

@@ -10,9 +10,10 @@ Phases, each resumable: self-distillation (the target answers a data set's train
 the capture of the target's states (once per data set, shared by the three heads), then each head's training
 (checkpointed every few steps) in STAGES: passes over a data set, each with its own learning-rate schedule,
 precision and batch size. Every head finishes a stage before any head starts the next, so an interrupted build
-leaves heads with equal budgets; stages marked `gpu` are refused on the CPU. Work goes to --work (default
-runs/smollm2-heads); when a stage ends, the heads are copied to models/ (weights, config, train_log.json,
-loss.png, without the trainer's state), and a comparison plot of the three runs to models/smollm2-heads-loss.png.
+leaves heads with equal budgets; on the CPU the build stops, with one line, where the first stage marked `gpu`
+begins. Work goes to --work (default runs/smollm2-heads); when a stage ends, the heads are copied to models/
+(weights, config, train_log.json, loss.png, without the trainer's state), and a comparison plot of the three runs
+to models/smollm2-heads-loss.png.
 Wall time per phase is appended to --work/phases.json.
 
 A head in models/ whose stages end where the next stage begins continues from its exported weights with a fresh
@@ -44,15 +45,15 @@ DATASETS = {"distill": dict(prompts=(0, 3072), capture="float32"),
             "distill-e": dict(prompts=(12288, 15360), capture="bfloat16")}
 RECIPE = dict(k=16, seq_len=384, lr=2e-3, warmup=20, draft_vocab=8192, share_embeddings=True,
               checkpoint_every=16)
-# Each stage ends at step `steps`, with its own warmup and cosine decay. The first four are one pass over a data set
-# each (384 steps of 8 conversations), trained on this CPU: the shipped heads have them. The next four (`gpu`) are
-# two passes each (96 steps of 64 conversations), new data sets first, sized for a GPU, where such a step costs
-# 0.1-0.3 s (H200).
+# Each stage ends at step `steps`, with its own warmup and cosine decay. The first six are one pass over a data set
+# each (384 steps of 8 conversations), trained on this CPU. The next four (`gpu`) are two passes each (96 steps of
+# 64 conversations) over data sets the heads have seen, sized for a GPU, where such a step costs 0.1-0.3 s (H200);
+# a new data set, where there is one, goes before them (passes over new prompts raise acceptance, repeats barely).
 STAGES = [dict(steps=384, precision="float32", data="distill"), dict(steps=768, precision="bfloat16", data="distill"),
-          dict(steps=1152, precision="bfloat16", data="distill-b"),
-          dict(steps=1536, precision="bfloat16", data="distill-c"),
-          *[dict(steps=1536 + 96 * (i + 1), precision="bfloat16", data=data, batch_size=64, gpu=True)
-            for i, data in enumerate(["distill-d", "distill-e", "distill-b", "distill-c"])]]
+          *[dict(steps=768 + 384 * (i + 1), precision="bfloat16", data=data)
+            for i, data in enumerate(["distill-b", "distill-c", "distill-d", "distill-e"])],
+          *[dict(steps=2304 + 96 * (i + 1), precision="bfloat16", data=data, batch_size=64, gpu=True)
+            for i, data in enumerate(["distill-b", "distill-c", "distill-d", "distill-e"])]]
 LAST_STEPS = 16  # the plot's agreement by depth: mean of the last steps (one batch alone is noisy)
 
 
@@ -84,6 +85,17 @@ def _restore_or_keep(work_data: Path, committed: Path) -> None:
             (tmp / (chunk.name + ".gz")).write_bytes(gzip.compress(chunk.read_bytes(), mtime=0))
         shutil.copy(work_data / LOG, tmp / LOG)
         tmp.replace(committed)
+
+
+def stages_to_train(stages: list[dict], done: int, device: str) -> tuple[list[dict], str]:
+    """The stages a build on `device` may train once the heads have `done` steps (on the CPU, those before the
+    first GPU stage still to come), and the line that refuses that GPU stage ("" when none is cut off)."""
+    gpu_stage = next((s for s in stages if s["steps"] > done and s.get("gpu")), None)
+    if gpu_stage is None or device != "cpu":
+        return stages, ""
+    return stages[:stages.index(gpu_stage)], (
+        f"the stage to step {gpu_stage['steps']} ({gpu_stage['batch_size']} conversations a step) is sized for a GPU: "
+        "run with --device cuda (on a lent machine: scripts/lent_gpu_heads.sh)")
 
 
 def _planned_steps(run: Path) -> int:
@@ -149,11 +161,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     aux = default_aux_layers(json.loads((TARGET / "config.json").read_text())["num_hidden_layers"])
     done = {name: _planned_steps(args.models / name) for name in args.heads}
-    needed = [s["data"] for s in STAGES if s["steps"] > min(done.values())]
-    gpu_stage = next((s for s in STAGES if s["steps"] > min(done.values()) and s.get("gpu")), None)
-    if gpu_stage and args.device == "cpu" and not args.distill_only:
-        raise SystemExit(f"the stage to step {gpu_stage['steps']} ({gpu_stage['batch_size']} conversations a step) is "
-                         "sized for a GPU: run with --device cuda (on a lent machine: scripts/lent_gpu_heads.sh)")
+    stages, gpu_refusal = stages_to_train(STAGES, min(done.values()), args.device)
+    if gpu_refusal and not args.distill_only and not any(s["steps"] > min(done.values()) for s in stages):
+        raise SystemExit(gpu_refusal)
+    needed = [s["data"] for s in (STAGES if args.distill_only else stages) if s["steps"] > min(done.values())]
     for name in dict.fromkeys(needed):  # each data set the remaining stages read, in order
         data, spec = args.work / name, DATASETS[name]
         _restore_or_keep(data, DATA_DIR / name)
@@ -183,7 +194,7 @@ def main() -> None:
             raise SystemExit(f"{args.models / name} ends at step {done[name]}, where no stage of STAGES ends: remove "
                              "it to train the head from the start")
         first[name] = max(planned, done[name] + 1)
-    for stage in STAGES:
+    for stage in stages:
         heads = [name for name in args.heads if stage["steps"] >= first[name]]
         for name in heads:
             run = args.work / name
@@ -198,6 +209,8 @@ def main() -> None:
             shutil.copytree(args.work / name, args.models / name, ignore=shutil.ignore_patterns(STATE_DIR))
         if heads:
             _plot(args.models)
+    if gpu_refusal:
+        raise SystemExit(f"the CPU stages are done; {gpu_refusal}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """scripts/build_smollm2_heads.py keeps a finished distillation as committed data and restores it instead of
-distilling again."""
+distilling again, and on the CPU trains no further than the first stage sized for a GPU."""
 
 from __future__ import annotations
 
@@ -56,3 +56,16 @@ def test_on_the_cpu_the_build_stops_at_the_first_gpu_stage_with_one_line(smollm2
     assert done.stderr.strip() == (f"the stage to step {first_gpu['steps']} (64 conversations a step) is sized for a "
                                    "GPU: run with --device cuda (on a lent machine: scripts/lent_gpu_heads.sh)")
     assert not any(tmp_path.glob("*/capture-*"))
+
+
+def test_on_the_cpu_a_build_trains_the_stages_before_the_first_gpu_stage_still_to_come() -> None:
+    build = _script()
+    stages = [dict(steps=4, data="a"), dict(steps=8, data="b"), dict(steps=16, data="c", batch_size=64, gpu=True),
+              dict(steps=20, data="d")]
+    refusal = "the stage to step 16 (64 conversations a step) is sized for a GPU: run with --device cuda"
+    for done in (0, 4):
+        kept, line = build.stages_to_train(stages, done, "cpu")
+        assert kept == stages[:2] and line.startswith(refusal)
+    assert build.stages_to_train(stages, 8, "cpu")[0] == stages[:2]  # nothing left before it: the build refuses
+    assert build.stages_to_train(stages, 16, "cpu") == (stages, "")  # past every GPU stage
+    assert build.stages_to_train(stages, 0, "cuda") == (stages, "")

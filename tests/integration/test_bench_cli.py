@@ -1,0 +1,22 @@
+"""`peagle-vllm bench` end to end on the tiny demo models: the screen is the table, vLLM's logs only on --verbose."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_bench_screen_is_its_table_and_files_without_vllm_logs(demo, tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    run = subprocess.run([sys.executable, "-m", "peagle_vllm.cli", "bench", "--target", str(demo["target"]),
+                          "--modes", "no-spec", "p_eagle-depth", "--k", "2", "--concurrency", "1", "--temperature",
+                          "0", "--prompts", "2", "--max-tokens", "8", "--interface", "offline", "--out", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    screen = run.stdout + run.stderr
+    assert " INFO " not in screen and "Loading safetensors" not in screen, screen[:2000]
+    assert "| offline | p_eagle-depth | 2 | 1 |" in run.stdout and f"written: {out}/bench.md" in run.stdout
+    rows = json.loads((out / "bench.json").read_text())["rows"]
+    assert {(r["mode"], r["k"]) for r in rows} == {("no-spec", 0), ("p_eagle-depth", 2)}
