@@ -51,9 +51,9 @@ RECIPE = dict(k=16, seq_len=384, lr=2e-3, warmup=20, draft_vocab=8192, share_emb
 # a new data set, where there is one, goes before them (passes over new prompts raise acceptance, repeats barely).
 STAGES = [dict(steps=384, precision="float32", data="distill"), dict(steps=768, precision="bfloat16", data="distill"),
           *[dict(steps=768 + 384 * (i + 1), precision="bfloat16", data=data)
-            for i, data in enumerate(["distill-b", "distill-c", "distill-d", "distill-e"])],
+            for i, data in enumerate(list(DATASETS)[1:])],
           *[dict(steps=2304 + 96 * (i + 1), precision="bfloat16", data=data, batch_size=64, gpu=True)
-            for i, data in enumerate(["distill-b", "distill-c", "distill-d", "distill-e"])]]
+            for i, data in enumerate(list(DATASETS)[1:])]]
 LAST_STEPS = 16  # the plot's agreement by depth: mean of the last steps (one batch alone is noisy)
 
 
@@ -161,10 +161,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     aux = default_aux_layers(json.loads((TARGET / "config.json").read_text())["num_hidden_layers"])
     done = {name: _planned_steps(args.models / name) for name in args.heads}
-    stages, gpu_refusal = stages_to_train(STAGES, min(done.values()), args.device)
-    if gpu_refusal and not args.distill_only and not any(s["steps"] > min(done.values()) for s in stages):
+    least = min(done.values())  # the stage after it is the first any head still needs
+    stages, gpu_refusal = stages_to_train(STAGES, least, args.device)
+    if gpu_refusal and not args.distill_only and not any(s["steps"] > least for s in stages):
         raise SystemExit(gpu_refusal)
-    needed = [s["data"] for s in (STAGES if args.distill_only else stages) if s["steps"] > min(done.values())]
+    needed = [s["data"] for s in (STAGES if args.distill_only else stages) if s["steps"] > least]
     for name in dict.fromkeys(needed):  # each data set the remaining stages read, in order
         data, spec = args.work / name, DATASETS[name]
         _restore_or_keep(data, DATA_DIR / name)
