@@ -42,18 +42,21 @@ DATASETS = {"distill": dict(prompts=(0, 3072), capture="float32"),
             "distill-b": dict(prompts=(3072, 6144), capture="bfloat16"),
             "distill-c": dict(prompts=(6144, 9216), capture="bfloat16"),
             "distill-d": dict(prompts=(9216, 12288), capture="bfloat16"),
-            "distill-e": dict(prompts=(12288, 15360), capture="bfloat16")}
-RECIPE = dict(k=16, seq_len=384, lr=2e-3, warmup=20, draft_vocab=8192, share_embeddings=True,
-              checkpoint_every=16)
-# Each stage ends at step `steps`, with its own warmup and cosine decay. The first six are one pass over a data set
-# each (384 steps of 8 conversations), trained on this CPU. The next four (`gpu`) are two passes each (96 steps of
-# 64 conversations) over data sets the heads have seen, sized for a GPU, where such a step costs 0.1-0.3 s (H200);
-# a new data set, where there is one, goes before them (passes over new prompts raise acceptance, repeats barely).
-STAGES = [dict(steps=384, precision="float32", data="distill"), dict(steps=768, precision="bfloat16", data="distill"),
-          *[dict(steps=768 + 384 * (i + 1), precision="bfloat16", data=data)
-            for i, data in enumerate(list(DATASETS)[1:])],
-          *[dict(steps=2304 + 96 * (i + 1), precision="bfloat16", data=data, batch_size=64, gpu=True)
-            for i, data in enumerate(list(DATASETS)[1:])]]
+            "distill-e": dict(prompts=(12288, 15360), capture="bfloat16"),
+            "distill-f": dict(prompts=(15360, 18432), capture="bfloat16")}
+RECIPE = dict(k=16, seq_len=384, warmup=20, draft_vocab=8192, share_embeddings=True, checkpoint_every=16)
+# Each stage ends at step `steps`, with its own warmup and cosine decay to zero from `lr`. The CPU stages are one pass
+# each (384 steps of 8 conversations): two over the first data set, then one over each other. The `gpu` stages that
+# follow are two passes each (96 steps of 64 conversations) over data sets the heads have seen, sized for a GPU, where
+# such a step costs 0.1-0.3 s (H200); a new data set goes in before them (passes over new prompts raise acceptance,
+# repeats barely). Every stage after the sixth peaks at LATE_LR: from a head this far along, a peak of 2e-3 first
+# undoes what it learnt (docs/smollm2-heads.md).
+LATE_LR = 5e-4
+CPU_PASSES = ["distill", "distill", *list(DATASETS)[1:]]
+STAGES = [*[dict(steps=384 * (i + 1), precision="float32" if i == 0 else "bfloat16", data=data,
+                 lr=2e-3 if i < 6 else LATE_LR) for i, data in enumerate(CPU_PASSES)],
+          *[dict(steps=384 * len(CPU_PASSES) + 96 * (i + 1), precision="bfloat16", data=data, lr=LATE_LR,
+                 batch_size=64, gpu=True) for i, data in enumerate(list(DATASETS)[1:])]]
 LAST_STEPS = 16  # the plot's agreement by depth: mean of the last steps (one batch alone is noisy)
 
 
@@ -201,7 +204,7 @@ def main() -> None:
             run = args.work / name
             init_from = args.models / name if not run.exists() and done[name] else None
             recipe = TrainRecipe(target=str(TARGET), data=str(args.work / stage["data"]), out=str(run),
-                                 variant=HEADS[name], **RECIPE, batch_size=stage.get("batch_size", 8),
+                                 variant=HEADS[name], **RECIPE, lr=stage["lr"], batch_size=stage.get("batch_size", 8),
                                  steps=stage["steps"], precision=stage["precision"], device=args.device)
             last = train(recipe, resume=run.exists(), init_from=str(init_from) if init_from else None)
             _record(args.work, name, last["seconds"], tokens=last["tokens"], steps=last["step"])
