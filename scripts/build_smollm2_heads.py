@@ -49,14 +49,15 @@ RECIPE = dict(k=16, seq_len=384, warmup=20, draft_vocab=8192, share_embeddings=T
 # each (384 steps of 8 conversations): two over the first data set, then one over each other. The `gpu` stages that
 # follow are two passes each (96 steps of 64 conversations) over data sets the heads have seen, sized for a GPU, where
 # such a step costs 0.1-0.3 s (H200); a new data set goes in before them (passes over new prompts raise acceptance,
-# repeats barely). Every stage after the sixth peaks at LATE_LR: from a head this far along, a peak of 2e-3 first
-# undoes what it learnt (docs/smollm2-heads.md).
-LATE_LR = 5e-4
-CPU_PASSES = ["distill", "distill", *list(DATASETS)[1:]]
+# repeats barely). Stages peak at PEAK_LR for the first EARLY_PASSES passes and at LATE_LR after them: from a head
+# this far along, a peak of PEAK_LR first undoes what it learnt (docs/smollm2-heads.md).
+PEAK_LR, LATE_LR, EARLY_PASSES = 2e-3, 5e-4, 6
+LATER_SETS = list(DATASETS)[1:]
+CPU_PASSES = ["distill", "distill", *LATER_SETS]
 STAGES = [*[dict(steps=384 * (i + 1), precision="float32" if i == 0 else "bfloat16", data=data,
-                 lr=2e-3 if i < 6 else LATE_LR) for i, data in enumerate(CPU_PASSES)],
+                 lr=PEAK_LR if i < EARLY_PASSES else LATE_LR) for i, data in enumerate(CPU_PASSES)],
           *[dict(steps=384 * len(CPU_PASSES) + 96 * (i + 1), precision="bfloat16", data=data, lr=LATE_LR,
-                 batch_size=64, gpu=True) for i, data in enumerate(list(DATASETS)[1:])]]
+                 batch_size=64, gpu=True) for i, data in enumerate(LATER_SETS)]]
 LAST_STEPS = 16  # the plot's agreement by depth: mean of the last steps (one batch alone is noisy)
 
 
