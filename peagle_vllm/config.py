@@ -9,13 +9,15 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from peagle_vllm.head import HeadConfig
+from peagle_vllm.matmul_dtype import MATMUL_DTYPES
 from peagle_vllm.verify import is_lossy
 
 METHOD = "p_eagle"
 MAX_K = 32
 VERIFY_MODES = ("auto", "standard", "block")
 # Keys that are ours; everything else in the dict is handed to vLLM's SpeculativeConfig.
-OWN_KEYS = ("verify", "adaptive", "min_k", "acceptance_warn_below", "verifier_accept_k", "accept_tolerance")
+OWN_KEYS = ("verify", "adaptive", "min_k", "acceptance_warn_below", "verifier_accept_k", "accept_tolerance",
+            "head_matmul_dtype")
 # speculators' lossy acceptance (GreedyTokenProposalConfig), never taken from a checkpoint: lossless defaults.
 TOLERANCE_KEYS = ("verifier_accept_k", "accept_tolerance")
 # vLLM keys whose meaning conflicts with p_eagle (it sets them itself).
@@ -52,6 +54,7 @@ class PEagleOptions:
     acceptance_warn_below: float = 0.75  # warn when the 20-step block acceptance rate falls below this
     verifier_accept_k: int = 1  # greedy drafts among the target's top k may be accepted (1: exact match only)
     accept_tolerance: float = 0.0  # ... when log p_top - log p_draft <= this (0: exact match only)
+    head_matmul_dtype: str = "auto"  # the head's matmuls: bfloat16 on a capable CPU, else its dtype (`matmul_dtype`)
 
     @property
     def lossy(self) -> bool:
@@ -107,6 +110,10 @@ def split_p_eagle_config(user: dict[str, Any], known_vllm_keys: set[str] | None 
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < math.inf:
         raise PEagleConfigError(f"{_field('accept_tolerance')} must be a finite number >= 0 (a log-probability gap; "
                                 f"0 = lossless), got {tolerance!r}")
+    matmul_dtype = cfg.get("head_matmul_dtype", "auto")
+    if matmul_dtype not in MATMUL_DTYPES:
+        raise PEagleConfigError(f"{_field('head_matmul_dtype')} is {matmul_dtype!r}: use \"auto\" (bfloat16 matmuls on a "
+                                "CPU that has them, for a float32 head) or \"model\" (the head's own dtype)")
     for key, fix in REFUSED_KEYS.items():
         if key in cfg:
             raise PEagleConfigError(f"{_field(key)} cannot be used with p_eagle: {fix}")
@@ -118,7 +125,7 @@ def split_p_eagle_config(user: dict[str, Any], known_vllm_keys: set[str] | None 
                                     f"{', '.join(OWN_KEYS)} plus vLLM's own fields; check the spelling")
     return PEagleOptions(model=model, num_speculative_tokens=k, verify=verify, adaptive=adaptive, min_k=min_k,
                          acceptance_warn_below=float(warn_below), verifier_accept_k=accept_k,
-                         accept_tolerance=float(tolerance)), passthrough
+                         accept_tolerance=float(tolerance), head_matmul_dtype=matmul_dtype), passthrough
 
 
 def check_head_fits_target(head: HeadConfig, where: str, target_hidden_size: int, target_vocab_size: int,

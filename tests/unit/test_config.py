@@ -33,6 +33,7 @@ def test_valid_config_splits_ours_from_vllms() -> None:
     ({"min_k": 9}, "min_k"),
     ({"min_k": -1}, "min_k"),
     ({"acceptance_warn_below": 1.5}, "acceptance_warn_below"),
+    ({"head_matmul_dtype": "bfloat16"}, "head_matmul_dtype"),
 ])
 def test_bad_values_name_the_field(change: dict, field: str) -> None:
     cfg = {k: v for k, v in {**GOOD, **change}.items() if v is not None}

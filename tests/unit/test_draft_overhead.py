@@ -33,7 +33,7 @@ def _bare_model(cfg: HeadConfig):
     from peagle_vllm.vllm_adapter.v1.draft_model import PEagleDraftModel
     model = PEagleDraftModel.__new__(PEagleDraftModel)
     nn.Module.__init__(model)
-    model.cfg = cfg
+    model.cfg, model.matmul_dtype = cfg, torch.float32
     model.model = nn.Module()
     model.model.fc_norm = nn.ModuleList(RMSNorm(cfg.target_hidden_size, eps=cfg.rms_norm_eps)
                                         for _ in range(cfg.num_aux))
@@ -48,6 +48,7 @@ def _bare_model(cfg: HeadConfig):
 def test_fc_norm_over_all_chunks_at_once_equals_one_norm_per_chunk(vllm_ctx, dtype) -> None:
     cfg = _cfg()
     model = _bare_model(cfg).to(dtype)
+    model.matmul_dtype = dtype
     aux = (torch.randn(7, cfg.target_hidden_size * cfg.num_aux) * 3).to(dtype)
     chunks = aux.chunk(cfg.num_aux, dim=-1)
     expected = model.model.fc(torch.cat([norm(c) for norm, c in zip(model.model.fc_norm, chunks)], dim=-1))

@@ -3,6 +3,8 @@ the serving twin of `peagle_vllm.head.PEagleHead`, same config and weight names.
 
 Registered as ARCHITECTURE (vLLM's eagle3 path expects a name starting with "Eagle3"). Its
 config comes from the mark the config hook put on the draft hf_config (`carriers.mark_of`).
+Its matmuls run in `matmul_dtype` (`peagle_vllm.matmul_dtype`): those weights are converted when loaded, before
+vLLM packs them, and each matmul's input is cast to it and its output back to the model's dtype.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.llama import LlamaAttention, LlamaMLP
 
 from peagle_vllm.head import HeadConfig
+from peagle_vllm.matmul_dtype import head_matmul_dtype
 from peagle_vllm.vllm_adapter.v1.carriers import mark_of
 
 ARCHITECTURE = "Eagle3PEagleDraftModel"
+MATMULS = ("fc", "qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")  # modules run in matmul_dtype
 _STACKED = {".q_proj": (".qkv_proj", "q"), ".k_proj": (".qkv_proj", "k"), ".v_proj": (".qkv_proj", "v"),
             ".gate_proj": (".gate_up_proj", 0), ".up_proj": (".gate_up_proj", 1)}
 
@@ -37,11 +41,12 @@ def _llama_config(cfg: HeadConfig) -> LlamaConfig:
 
 
 class PEagleDecoderLayer(nn.Module):
-    def __init__(self, vllm_config: VllmConfig, cfg: HeadConfig, index: int, prefix: str) -> None:
+    def __init__(self, vllm_config: VllmConfig, cfg: HeadConfig, index: int, matmul_dtype: torch.dtype,
+                 prefix: str) -> None:
         super().__init__()
         llama = _llama_config(cfg)
         h = cfg.hidden_size
-        self.index = index
+        self.index, self.matmul_dtype = index, matmul_dtype
         self.norm_before_residual = cfg.norm_before_residual
         self.self_attn = LlamaAttention(config=llama, hidden_size=h, num_heads=cfg.num_attention_heads,
                                         num_kv_heads=cfg.num_key_value_heads,
@@ -67,22 +72,23 @@ class PEagleDecoderLayer(nn.Module):
             x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
         else:
             x, residual = self.input_layernorm(hidden, residual)
-        attn = self.self_attn
-        qkv, _ = attn.qkv_proj(x)  # LlamaAttention.forward, with the rows picked before o_proj
-        q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+        attn, dtype, mm = self.self_attn, x.dtype, self.matmul_dtype
+        qkv, _ = attn.qkv_proj(x.to(mm))  # LlamaAttention.forward, with the rows picked before o_proj
+        q, k, v = qkv.to(dtype).split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
         q, k = attn.rotary_emb(positions, q, k)
         x = attn.attn(q, k, v)
         if rows is not None:
             x, residual = x.index_select(0, rows), residual.index_select(0, rows)
-        x, _ = attn.o_proj(x)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        x, _ = attn.o_proj(x.to(mm))
+        x, residual = self.post_attention_layernorm(x.to(dtype), residual)
+        return self.mlp(x.to(mm)).to(dtype), residual
 
 
 class PEagleBody(nn.Module):
     """Embedding, fc over the auxiliary states, decoder layers and final norm (weights 'model.*')."""
 
-    def __init__(self, vllm_config: VllmConfig, cfg: HeadConfig, first_layer_id: int, prefix: str) -> None:
+    def __init__(self, vllm_config: VllmConfig, cfg: HeadConfig, first_layer_id: int, matmul_dtype: torch.dtype,
+                 prefix: str) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, prefix=f"{prefix}.embed_tokens")
         if cfg.fc_norm:
@@ -91,7 +97,7 @@ class PEagleBody(nn.Module):
         self.fc = ReplicatedLinear(cfg.target_hidden_size * cfg.num_aux, cfg.hidden_size, bias=False,
                                    return_bias=False, prefix=f"{prefix}.fc")
         self.layers = nn.ModuleList(
-            PEagleDecoderLayer(vllm_config, cfg, i, prefix=f"{prefix}.layers.{first_layer_id + i}")
+            PEagleDecoderLayer(vllm_config, cfg, i, matmul_dtype, prefix=f"{prefix}.layers.{first_layer_id + i}")
             for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
@@ -105,12 +111,17 @@ class PEagleDraftModel(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         spec = vllm_config.speculative_config
-        self.cfg = cfg = mark_of(spec).head
+        mark = mark_of(spec)
+        self.cfg = cfg = mark.head
         self.config = spec.draft_model_config.hf_config
+        self.matmul_dtype = head_matmul_dtype(mark.options.head_matmul_dtype, vllm_config.device_config.device,
+                                              spec.draft_model_config.dtype)
         target_layers = vllm_config.model_config.get_total_num_hidden_layers()
-        self.model = PEagleBody(vllm_config, cfg, target_layers, prefix=f"{prefix}.model" if prefix else "model")
+        self.model = PEagleBody(vllm_config, cfg, target_layers, self.matmul_dtype,
+                                prefix=f"{prefix}.model" if prefix else "model")
         self.lm_head = ParallelLMHead(cfg.draft_vocab_size, cfg.hidden_size, prefix=f"{prefix}.lm_head")
         self.logits_processor = LogitsProcessor(cfg.draft_vocab_size)
+        self.logits_processor.head_dtype = self.matmul_dtype  # (else it casts the output layer's weight every call)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long), persistent=False)
         self.register_buffer("mask_hidden", torch.zeros(max(1, cfg.num_mask_slots), cfg.target_hidden_size * cfg.num_aux),
                              persistent=False)
@@ -138,7 +149,7 @@ class PEagleDraftModel(nn.Module):
             x = aux.view(*aux.shape[:-1], n, aux.shape[-1] // n).to(torch.float32)
             x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
             aux = (x.to(weight.dtype) * weight).to(aux.dtype).view(aux.shape)
-        return self.model.fc(aux)
+        return self.model.fc(aux.to(self.matmul_dtype)).to(aux.dtype)
 
     def _fc_norm_weight(self) -> torch.Tensor:
         """The fc_norm weights stacked [num_aux, Ht], built once (dropped when weights are loaded)."""
@@ -149,7 +160,7 @@ class PEagleDraftModel(nn.Module):
 
     def mask_states(self) -> torch.Tensor:
         """fc(mask_hidden): [1, H] shared, or [K_trained-1, H] per depth."""
-        return self.combine_hidden_states(self.mask_hidden.to(self.model.fc.weight.dtype))
+        return self.combine_hidden_states(self.mask_hidden)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor,
                 inputs_embeds: torch.Tensor | None = None,
@@ -166,8 +177,8 @@ class PEagleDraftModel(nn.Module):
         return normed, (normed if self.cfg.norm_output else prenorm)
 
     def draft_logits(self, normed: torch.Tensor) -> torch.Tensor:
-        """Logits over the draft vocabulary [N, Vd]."""
-        return self.logits_processor(self.lm_head, normed)
+        """[N, H] -> logits over the draft vocabulary [N, Vd], in the dtype of `normed`."""
+        return self.logits_processor(self.lm_head, normed.to(self.matmul_dtype)).to(normed.dtype)
 
     def compute_logits(self, normed: torch.Tensor) -> torch.Tensor:
         """Logits over the target vocabulary (-inf outside the draft vocabulary)."""
@@ -207,4 +218,7 @@ class PEagleDraftModel(nn.Module):
                 loaded.add(full)
         if "model.embed_tokens.weight" not in loaded:
             self.has_own_embed_tokens = False  # the proposer then shares the target's embedding
+        for name, module in self.named_modules():  # before vLLM packs them for its kernels
+            if name.rpartition(".")[2] in MATMULS:
+                module.weight.data = module.weight.data.to(self.matmul_dtype)
         return loaded
