@@ -7,7 +7,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from peagle_vllm.verify import PLACEHOLDER, target_probs, verify, verify_block, verify_greedy, verify_standard
+from peagle_vllm.verify import (PLACEHOLDER, sample_rows, target_probs, verify, verify_block, verify_greedy,
+                                verify_standard)
 
 V, K, N = 4, 3, 3  # vocabulary, drafts per step, tokens generated per trial
 TRIALS = 100_000
@@ -178,3 +179,29 @@ def test_top_p_of_one_leaves_a_row_untouched_whatever_the_other_rows_ask() -> No
         p = target_probs(logits, one, top_p=top_p)
         assert torch.equal(p[1], logits[1].softmax(-1))
         assert (p[0] == 0).any(), "the other row is cut"
+
+
+def test_sample_rows_draws_each_row_in_proportion_to_its_weights() -> None:
+    torch.manual_seed(7)
+    weights = torch.tensor([[0.0, 1.0, 0.0, 3.0, 0.5],
+                            [2.0, 0.0, 0.0, 0.0, 0.0],
+                            [1e-3, 0.0, 0.0, 0.0, 4e-3],
+                            [0.0, 0.0, 0.0, 0.0, 7.0]])
+    draws = torch.stack([sample_rows(weights) for _ in range(40_000)])  # [trials, 4]
+    for row, w in enumerate(weights):
+        observed = torch.bincount(draws[:, row], minlength=5).double()
+        support = w > 0
+        assert observed[~support].sum() == 0, f"row {row} drew a token of weight zero"
+        if int(support.sum()) > 1:
+            expected = w[support].double() / w[support].double().sum() * observed.sum()
+            assert chisquare(observed[support].numpy(), expected.numpy()).pvalue > 0.001
+
+
+def test_sample_rows_seeded_rows_repeat_whatever_the_other_rows() -> None:
+    weights = torch.rand(3, 1000)
+    first = sample_rows(weights, {1: torch.Generator().manual_seed(5)})
+    other = weights.clone()
+    other[0] = torch.rand(1000)
+    again = sample_rows(other, {1: torch.Generator().manual_seed(5)})
+    assert first[1] == again[1]
+    assert sample_rows(torch.zeros(0, 8)).shape == (0,)

@@ -3,8 +3,9 @@ the serving twin of `peagle_vllm.head.PEagleHead`, same config and weight names.
 
 Registered as ARCHITECTURE (vLLM's eagle3 path expects a name starting with "Eagle3"). Its
 config comes from the mark the config hook put on the draft hf_config (`carriers.mark_of`).
-Its matmuls run in `matmul_dtype` (`peagle_vllm.matmul_dtype`): those weights are converted when loaded, before
-vLLM packs them, and each matmul's input is cast to it and its output back to the model's dtype.
+Its matmuls run in `matmul_dtype` (`peagle_vllm.matmul_dtype`): their weights are converted when loaded, before
+vLLM packs them; fc, qkv, o_proj, the MLP (whole) and the output layer get their input cast to it and give their
+output back in the model's dtype.
 """
 
 from __future__ import annotations

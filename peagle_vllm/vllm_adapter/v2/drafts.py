@@ -43,7 +43,7 @@ def draft_probs(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor
 
 def draw(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
     """logits [B, K, Vd], temperature [B] -> draft-vocabulary ids [B, K]: the argmax where T <= 0, else one exact
-    draw from `draft_probs` (the core's exponential race, `sample_rows`, as `proposer.sample_drafts` draws)."""
+    draw from `draft_probs` (the core's inverse-transform draw, `sample_rows`, as `proposer.sample_drafts` draws)."""
     b, k, vd = logits.shape
     sampled = sample_rows(draft_probs(logits, temperature).view(b * k, vd)).view(b, k)
     return torch.where((temperature <= 0).view(b, 1), logits.argmax(-1), sampled)
