@@ -183,20 +183,27 @@ def _draft_dist_position(drafts: torch.Tensor, draft_probs: Dists | None, i: int
 
 
 def sample_rows(weights: torch.Tensor, generators: dict[int, torch.Generator] | None = None) -> torch.Tensor:
-    """One draw per row of unnormalised non-negative weights [B, V] -> [B] ids, by inverse transform: each row's
-    uniform, scaled to the row's total, is looked up in the running sums of all rows laid end to end (one scan,
-    one search, in float64: one uniform per row instead of V random numbers). A zero weight is never drawn; rows
-    listed in `generators` draw their uniform from their own generator (seeded requests)."""
+    """One draw per row of unnormalised non-negative weights [B, V] -> [B] ids. Rows listed in `generators`
+    (seeded requests) race exponential noise from their own generator, V draws per row whatever the weights: a
+    seed's tokens then stay the same when the drafts change, e.g. however its prompt was chunked. The others draw
+    by inverse transform: a uniform per row, scaled to the row's total, looked up in the running sums of all rows
+    laid end to end (one scan and one search in float64, instead of V random numbers a row). A zero weight is
+    never drawn."""
     b, v = weights.shape
     if b == 0:
         return torch.zeros(0, dtype=torch.long, device=weights.device)
     cdf = weights.reshape(-1).to(torch.float64).cumsum(0)  # [B*V]
     ends = cdf[v - 1::v]  # [B] running sum at each row's last token
     starts = torch.cat([ends.new_zeros(1), ends[:-1]])
-    u = _uniforms((b, 1), weights.device, generators).squeeze(1)
+    u = torch.rand(b, dtype=torch.float64, device=weights.device)
     point = torch.minimum(starts + u * (ends - starts), torch.nextafter(ends, starts))  # in [start, end)
     first_above = torch.searchsorted(cdf, point, right=True)  # the first token whose running sum passes it
-    return (first_above - torch.arange(b, device=weights.device) * v).clamp_(0, v - 1)
+    ids = (first_above - torch.arange(b, device=weights.device) * v).clamp_(0, v - 1)
+    for row, gen in (generators or {}).items():
+        if row < b:
+            noise = torch.empty(v, dtype=torch.float32, device=weights.device).exponential_(generator=gen)
+            ids[row] = (weights[row].float() / noise).argmax()
+    return ids
 
 
 def _uniforms(shape: tuple[int, int], device: torch.device, generators: dict[int, torch.Generator] | None) -> torch.Tensor:
