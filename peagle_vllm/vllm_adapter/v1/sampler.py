@@ -74,7 +74,8 @@ class DraftRows:
 class TargetChunks:
     """Target distributions as the padded [B, K, V] of a `verify.PositionDists`, made by `make` (flat row ids [n]
     -> [n, V]) for a chunk of positions at a time, at most `max_rows` rows (at least one position, B rows), the
-    latest chunk kept. index, valid [B, K]: each slot's flat row, and whether it is a draft (else 0)."""
+    latest chunk kept; `at` serves its rows from that chunk when it holds every position, else makes them. index,
+    valid [B, K]: each slot's flat row, and whether it is a draft (else 0)."""
 
     def __init__(self, make, index: torch.Tensor, valid: torch.Tensor, vocab: int, max_rows: int) -> None:
         b, k = index.shape
@@ -98,8 +99,10 @@ class TargetChunks:
         return self._positions(start)[:, i - start]
 
     def at(self, cols: torch.Tensor) -> torch.Tensor:
-        self._start, self._chunk = -1, None
         rows = torch.arange(cols.shape[0], device=cols.device)
+        if self._start == 0 and self.span >= self.index.shape[1]:  # the chunk held has every position
+            return self._chunk[rows, cols]
+        self._start, self._chunk = -1, None
         return self._made(self.index[rows, cols].unsqueeze(1), self.valid[rows, cols].unsqueeze(1)).squeeze(1)
 
     def of_tokens(self, ids: torch.Tensor) -> torch.Tensor:
