@@ -192,7 +192,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     rows = run_bench(Path(args.target).resolve(), Path(args.out), ks, concurrencies, temperatures,
                      args.max_tokens or (64 if quick else 128), args.modes, args.adaptive_k,
                      tuple(args.interface or (["offline"] if quick else ["offline", "served"])), args.rounds,
-                     args.range_ratio, args.top_p, args.prompts, dict(args.mode_k or []))
+                     args.range_ratio, args.top_p, args.prompts, dict(args.mode_k or []), args.fresh_engines)
     print(markdown_table(rows))
     print(adaptive_summary(rows))
     print(f"written: {args.out}/bench.md, bench.json, speedup_vs_k.png, per_position_acceptance.png")
@@ -296,6 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rounds", type=int, default=1, help="measure every cell this many times, modes taking turns "
                    "(offline: all engines of a concurrency built at once; served: a fresh server per round); report the "
                    "median and the spread")
+    b.add_argument("--fresh-engines", action="store_true", help="offline, with --rounds: build every engine anew in "
+                   "each round, one at a time, so that an engine's own speed is drawn again every round (slower)")
     b.add_argument("--mode-k", type=_mode_ks, nargs="*", metavar="MODE=K,K",
                    help="the Ks of one mode, instead of --k (e.g. vllm-eagle3=1,2)")
     b.add_argument("--modes", nargs="*", help="subset of: no-spec vllm-eagle3 vllm-parallel p_eagle-standard "

@@ -15,8 +15,11 @@ prefills would be skipped by modes without a drafter but partly recomputed by EA
 not of decoding.
 With several rounds, every mode runs every cell once per round, so that the machine's slow spells hit
 every mode alike: offline, all engines of a concurrency are built at once and take turns cell by
-cell (the order rotated each round); served, each round starts every mode's server again (the order
-reversed every other round). A cell's figure is then the median of its rounds, with their spread."""
+cell (the order rotated each round), or with `fresh_engines` every engine is built anew in each round, one
+at a time (the order reversed every other round), because an engine's speed can stay a few percent off an
+identical engine's for its whole life, which rounds over the same engines never average out (measured in
+docs/smollm2-results.md); served, each round starts every mode's server again (the order reversed every
+other round). A cell's figure is then the median of its rounds, with their spread."""
 
 from __future__ import annotations
 
@@ -113,12 +116,13 @@ def _measure(llm, prompts: list[str], concurrency: int, max_tokens: int, tempera
 def run_bench(target: Path, out_dir: Path, ks: list[int], concurrencies: list[int], temperatures: list[float],
               max_tokens: int, modes: list[str] | None = None, adaptive_ks: list[int] | None = None,
               interfaces: tuple[str, ...] = ("offline",), rounds: int = 1, range_ratio: float = 0.0,
-              top_p: float = 1.0, prompt_count: int = 16, mode_ks: dict[str, list[int]] | None = None) -> list[dict]:
+              top_p: float = 1.0, prompt_count: int = 16, mode_ks: dict[str, list[int]] | None = None,
+              fresh_engines: bool = False) -> list[dict]:
     """Every chosen mode at every K (adaptive modes at `adaptive_ks`, their K_max, when given; `mode_ks`:
     the Ks of the modes it names), concurrency and temperature (sampled cells with `top_p`), offline (`LLM`)
     and/or served (HTTP streaming), `rounds` times, requests emitting `output_lengths` tokens, on the
     target's held-out prompts with its shipped heads (`HEADS`); rows with raw figures (medians over the
-    rounds) and ratios."""
+    rounds) and ratios. `fresh_engines`: offline, an engine per mode, concurrency and round (see the module's doc)."""
     from tqdm import tqdm
 
     from peagle_vllm.harness.bench_served import run_mode
@@ -145,7 +149,7 @@ def run_bench(target: Path, out_dir: Path, ks: list[int], concurrencies: list[in
         bar.update()
 
     for interface in interfaces:
-        if interface == "offline" and rounds > 1:
+        if interface == "offline" and rounds > 1 and not fresh_engines:
             _offline_interleaved(target, jobs, prompts, concurrencies, temperatures, max_tokens, range_ratio,
                                  top_p, rounds, functools.partial(add, interface))
             continue
@@ -168,7 +172,7 @@ def run_bench(target: Path, out_dir: Path, ks: list[int], concurrencies: list[in
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {_cpus()} CPUs",
             "target": target.name, "max_tokens": max_tokens, "range_ratio": range_ratio, "top_p": top_p,
-            "prompts": len(prompts), "rounds": rounds}
+            "prompts": len(prompts), "rounds": rounds, "fresh_engines": fresh_engines}
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (out_dir / "bench.md").write_text(markdown_table(rows) + "\n" + adaptive_summary(rows))
     _plot(rows, out_dir)

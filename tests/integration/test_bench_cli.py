@@ -20,3 +20,19 @@ def test_bench_screen_is_its_table_and_files_without_vllm_logs(demo, tmp_path: P
     assert "| offline | p_eagle-depth | 2 | 1 |" in run.stdout and f"written: {out}/bench.md" in run.stdout
     rows = json.loads((out / "bench.json").read_text())["rows"]
     assert {(r["mode"], r["k"]) for r in rows} == {("no-spec", 0), ("p_eagle-depth", 2)}
+
+
+def test_bench_fresh_engines_measures_every_round_with_engines_built_for_it(demo, tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    run = subprocess.run([sys.executable, "-m", "peagle_vllm.cli", "bench", "--target", str(demo["target"]),
+                          "--modes", "no-spec", "p_eagle-depth", "--k", "2", "--concurrency", "1", "--temperature",
+                          "0", "--prompts", "2", "--max-tokens", "8", "--interface", "offline", "--rounds", "2",
+                          "--fresh-engines", "--out", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((out / "bench.json").read_text())
+    assert result["meta"]["fresh_engines"] is True and result["meta"]["rounds"] == 2
+    rows = {(r["mode"], r["k"]): r for r in result["rows"]}
+    assert set(rows) == {("no-spec", 0), ("p_eagle-depth", 2)}
+    assert all(len(r["rounds_tokens_per_s"]) == 2 and r["tokens_per_s"] > 0 for r in rows.values())
+    assert rows[("p_eagle-depth", 2)]["acceptance_length"] > 1.0  # the head drafted in the measured rounds
