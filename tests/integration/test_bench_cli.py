@@ -8,12 +8,17 @@ import sys
 from pathlib import Path
 
 
+def _bench(demo, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """`peagle-vllm bench` on the tiny demo models: no speculation and the depth head at K=2, one short c=1 cell."""
+    return subprocess.run([sys.executable, "-m", "peagle_vllm.cli", "bench", "--target", str(demo["target"]),
+                           "--modes", "no-spec", "p_eagle-depth", "--k", "2", "--concurrency", "1", "--temperature",
+                           "0", "--prompts", "2", "--max-tokens", "8", "--interface", "offline", "--out", str(out),
+                           *extra], capture_output=True, text=True, timeout=600)
+
+
 def test_bench_screen_is_its_table_and_files_without_vllm_logs(demo, tmp_path: Path) -> None:
     out = tmp_path / "bench"
-    run = subprocess.run([sys.executable, "-m", "peagle_vllm.cli", "bench", "--target", str(demo["target"]),
-                          "--modes", "no-spec", "p_eagle-depth", "--k", "2", "--concurrency", "1", "--temperature",
-                          "0", "--prompts", "2", "--max-tokens", "8", "--interface", "offline", "--out", str(out)],
-                         capture_output=True, text=True, timeout=600)
+    run = _bench(demo, out)
     assert run.returncode == 0, run.stderr[-3000:]
     screen = run.stdout + run.stderr
     assert " INFO " not in screen and "Loading safetensors" not in screen, screen[:2000]
@@ -24,11 +29,7 @@ def test_bench_screen_is_its_table_and_files_without_vllm_logs(demo, tmp_path: P
 
 def test_bench_fresh_engines_measures_every_round_with_engines_built_for_it(demo, tmp_path: Path) -> None:
     out = tmp_path / "bench"
-    run = subprocess.run([sys.executable, "-m", "peagle_vllm.cli", "bench", "--target", str(demo["target"]),
-                          "--modes", "no-spec", "p_eagle-depth", "--k", "2", "--concurrency", "1", "--temperature",
-                          "0", "--prompts", "2", "--max-tokens", "8", "--interface", "offline", "--rounds", "2",
-                          "--fresh-engines", "--out", str(out)],
-                         capture_output=True, text=True, timeout=600)
+    run = _bench(demo, out, "--rounds", "2", "--fresh-engines")
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads((out / "bench.json").read_text())
     assert result["meta"]["fresh_engines"] is True and result["meta"]["rounds"] == 2
