@@ -99,6 +99,13 @@ class CostModel:
         s0, s1, dv, s2 = self._s
         return s0, s1, s1 + dv, s2, (s0 if self._p0 is None else self._p0)
 
+    def describe(self) -> str:
+        """The fit in milliseconds, for the log."""
+        (s0, sb, sv, s2), p0 = self.s, self.p0
+        plain = "not measured yet" if p0 is None else f"{1e3 * p0:.2f} ms"
+        return (f"plain {plain}, with the draft {1e3 * s0:.2f} ms + {1e3 * s2:.4f} ms/draft row, + {1e3 * sb:.3f} "
+                f"ms/request + {1e3 * sv:.3f} ms/draft verified")
+
 
 def _solve_linear(a: list[list[float]], b: list[float]) -> list[float]:
     """x with a x = b (a square and regular: here a positive definite normal matrix, 5 x 5 at most), by Gaussian

@@ -1,15 +1,15 @@
 """The adaptive-depth controller: each step, each request's K (0..K_max), and the regime that keeps its inputs true.
 
-Measured speeds (`speeds`) decide between the regimes: while speculation measures slower than plain decoding,
-every request is at K=0 (fallback: no draft runs at all); while it measures faster, the optimiser picks each K;
-within `TIE` the current regime stays, and a trial ends speculating (a request at batch 1 that falls back stays so
-for its life, often while its text grows predictable). In fallback only a trial resumes speculation: speculation's
-figure there is as old as its last stretch, and a slow spell of the machine, slowing the plain steps timed now,
-would read as a gain. Timed are steady decode steps only: no prompt in them, and none of a switch's steps (the
-opening draft with nothing to verify, which also carries the head's catch-up, the step after it, and the first
-plain step after a draft, which carries the last choice's bookkeeping and the blocks it hands back). A speculative
-step is credited with the tokens its drafts were expected to yield when chosen: they vary far less than those
-accepted, so a few timed steps suffice.
+Measured speeds (`speeds`, of greedy and of sampled batches apart, as a sampled step costs more) decide between the
+regimes: while speculation measures slower than plain decoding, every request is at K=0 (fallback: no draft runs at
+all); while it measures faster, the optimiser picks each K; within `TIE` the current regime stays, and a trial ends
+speculating (a request at batch 1 that falls back stays so for its life, often while its text grows predictable). In
+fallback only a trial resumes speculation: speculation's figure there is as old as its last stretch, and a slow spell of
+the machine, slowing the plain steps timed now, would read as a gain. Timed are steady decode steps only: no prompt in
+them, and none of a switch's steps (the opening draft with nothing to verify, which also carries the head's catch-up,
+the step after it, and the first plain step after a draft, which carries the last choice's bookkeeping and the blocks it
+hands back). A speculative step is credited with the tokens its drafts were expected to yield when chosen: they vary far
+less than those accepted, so a few timed steps suffice.
 
 Trials time speculation afresh, at the K the optimiser picks, for `probe_steps` steady steps (the engine's start is
 one):
@@ -49,7 +49,7 @@ from peagle_vllm.depth.acceptance import Acceptance, RequestStats
 from peagle_vllm.depth.cost import CostModel
 from peagle_vllm.depth.optimiser import Weighing, drafts_per_request
 from peagle_vllm.depth.probes import ProbeSchedule, trial_cost
-from peagle_vllm.depth.speeds import MeasuredSpeeds, bucket
+from peagle_vllm.depth.speeds import MeasuredSpeeds, SpeedsByKind, bucket
 from peagle_vllm.depth.step import Step
 
 # a long trial (`alone_trial_steps`) whose first `probe_steps` steps measure speculation slower than plain decoding
@@ -89,7 +89,8 @@ class DepthController:
         # step costs of greedy batches and of batches with a sampled request: verifying sampled drafts costs more
         # than greedy ones, and one fit over both puts that difference into the draft's fixed cost (`costs_for`)
         self.costs: dict[bool, CostModel] = {False: CostModel()}
-        self.speeds = MeasuredSpeeds()  # of steady plain and steady speculative steps, by batch size
+        self.speeds_by_kind = SpeedsByKind()  # of steady plain and steady speculative steps, by batch size (`speeds`)
+        self.sampled = False  # some request of the latest choice's batch samples: whose speeds decide
         self._weighing = Weighing()
         # draft rows per request of a step whose deepest choice is d drafts (`_lookahead`; none at d = 0)
         self._lookahead_rows = [0] + [self._lookahead(d) for d in range(1, k + 1)]
@@ -136,7 +137,7 @@ class DepthController:
         if step.seconds <= 0 or not step.emitted or not step.decode_only:
             return
         self.costs_for(step.sampled).observe(step.requests, step.tokens, step.draft_rows, step.seconds)
-        plain, spec = self.speeds.at(step.requests)
+        plain, spec = self.speeds_by_kind[step.sampled].at(step.requests)
         gains_tracked = self._stretch is not None or self.probes.stretch is not None  # a trial's, a probe's
         if step.draft_rows and plain.value is not None and gains_tracked:
             # seconds plain decoding would take for the step's tokens, less the step's own
@@ -157,6 +158,11 @@ class DepthController:
         if cost is None:
             cost = self.costs[sampled] = copy.deepcopy(self.costs[not sampled])
         return cost
+
+    @property
+    def speeds(self) -> MeasuredSpeeds:
+        """Measured speeds of the latest choice's kind of batch (`SpeedsByKind`; a new kind: the model's at first)."""
+        return self.speeds_by_kind[self.sampled]
 
     def speculation_measured_faster(self, batch: int) -> bool | None:
         """`MeasuredSpeeds.speculation_faster` at about this batch size, ties going to the current regime."""
@@ -251,6 +257,7 @@ class DepthController:
         if not req_ids:
             return []
         self.steps += 1
+        self.sampled = sampled
         if self._quiet_fallback(req_ids):
             self._quiet_at = self.steps
             return self._stay_in_fallback(req_ids)
@@ -377,19 +384,13 @@ class DepthController:
         return [0] * len(req_ids)
 
     def summary(self) -> str:
-        """One log line on the controller's state when it chose since the last call: speculating or in fallback, the
-        fitted step costs (their draft terms are the measured cost of drafting; the chosen K are counted by the
-        engine figures, `peagle:chosen_k`), and the measured speeds that decide."""
+        """One log line on the controller's state if it chose since the last call: speculating or in fallback, the
+        fitted step costs, and the measured speeds that decide (the chosen K are counted by `peagle:chosen_k`)."""
         if self.steps == self.summarized:
             return ""
         self.summarized = self.steps
-        fits = []
-        for sampled, cost in sorted(self.costs.items()):
-            (s0, sb, sv, s2), p0 = cost.s, cost.p0
-            plain = "not measured yet" if p0 is None else f"{1e3 * p0:.2f} ms"
-            fits.append(f"{'sampled' if sampled else 'greedy'} batches: plain {plain}, with the draft {1e3 * s0:.2f} "
-                        f"ms + {1e3 * s2:.4f} ms/draft row, + {1e3 * sb:.3f} ms/request + {1e3 * sv:.3f} ms/draft "
-                        "verified")
+        fits = "; ".join(f"{'sampled' if sampled else 'greedy'} batches: {cost.describe()}"
+                         for sampled, cost in sorted(self.costs.items()))
         return (f"{'speculating' if self.speculating else 'fallback'}, probe interval {self.probes.interval} steps; "
-                f"fitted step cost, {'; '.join(fits)}; measured tokens per request-second, plain/speculative, by "
-                f"batch size: {self.speeds.describe() or 'none yet'}")
+                f"fitted step cost, {fits}; measured tokens per request-second, plain/speculative, by "
+                f"batch size: {self.speeds_by_kind.describe() or 'none yet'}")

@@ -144,5 +144,23 @@ class MeasuredSpeeds:
                          for b, (p, sp) in sorted(self.buckets.items()))
 
 
+class SpeedsByKind:
+    """`MeasuredSpeeds` of greedy batches and of batches with a sampled request, apart: a sampled step costs more, plain
+    or speculative, so a plain figure timed on one kind must not judge speculation on the other."""
+
+    __slots__ = ("kinds",)
+
+    def __init__(self) -> None:
+        self.kinds = {False: MeasuredSpeeds(), True: MeasuredSpeeds()}
+
+    def __getitem__(self, sampled: bool) -> MeasuredSpeeds:
+        return self.kinds[sampled]
+
+    def describe(self) -> str:
+        """Each measured kind's `MeasuredSpeeds.describe`."""
+        return "; ".join(f"{'sampled' if sampled else 'greedy'} batches {speeds.describe()}"
+                         for sampled, speeds in self.kinds.items() if speeds.buckets)
+
+
 def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"

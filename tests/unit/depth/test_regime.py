@@ -344,3 +344,29 @@ def test_sampled_batches_get_a_cost_model_of_their_own() -> None:
     assert set(mixed.costs) == {False, True}
     assert mixed.costs[True].terms()[0] > mixed.costs[False].terms()[0] + 0.2  # the sampled fit's draft cost
     assert abs(np.mean(beside[-120:]) - np.mean(alone[-120:])) < 0.5
+
+
+def test_sampled_batches_are_judged_by_speeds_of_their_own() -> None:
+    """A sampled step costs more than a greedy one, plain or speculative. Speculation gains as much on either kind,
+    but a sampled drafting step timed against the plain speed of greedy steps reads as a loss: judged by speeds of
+    their own kind, sampled batches keep speculating after a greedy stretch instead of falling back (their plain
+    steps are only those forced to time plain decoding, at most `explore_steps` in a row)."""
+    ctrl = DepthController(DepthOptions(max_k=8, probe_every=8))
+    rates, rng = [0.5, 0.15] + [0.1] * 6, np.random.default_rng(0)
+    sampled_ks = []
+    for block, sampled in enumerate([False] * 4 + [True] * 4):
+        extra = 0.5 if sampled else 0.0  # a sampled step's own cost (top-p over the vocabulary)
+        for i in range(60):
+            req = f"{block}-{i // 30}"
+            (k,) = ctrl.choose([req], sampled=sampled)
+            accepted = 0
+            while accepted < k and rng.random() < rates[accepted]:
+                accepted += 1
+            ctrl.observe([req], [k], [accepted])
+            seconds = (1.0 if k == 0 else 1.1 + 0.05 * k) + extra * (1 + 0.5 * (k > 0))
+            ctrl.observe_step(Step(1 + k, k, seconds, 1, 1 + accepted, k, sampled=sampled))
+            if sampled:
+                sampled_ks.append(k)
+    assert ctrl.speeds_by_kind[True].rates(1)[0] < 0.75 * ctrl.speeds_by_kind[False].rates(1)[0]
+    plain_runs = "".join("0" if k == 0 else "." for k in sampled_ks).split(".")
+    assert max(map(len, plain_runs)) <= ctrl.opt.explore_steps, "sampled batches fell back (forced plain steps only)"
