@@ -311,6 +311,19 @@ def test_fallback_keeps_min_k_drafts(min_k: int) -> None:
 
 
 
+def _decode_step(ctrl: DepthController, req: str, sampled: bool, rates: list[float], rng: np.random.Generator,
+                 seconds_for) -> int:
+    """One step of a request alone: choose its K, accept a prefix of its drafts at the per-position `rates`, report
+    the step as costing `seconds_for(K)`; its K."""
+    (k,) = ctrl.choose([req], sampled=sampled)
+    accepted = 0
+    while accepted < k and rng.random() < rates[accepted]:
+        accepted += 1
+    ctrl.observe([req], [k], [accepted])
+    ctrl.observe_step(Step(1 + k, k, seconds_for(k), 1, 1 + accepted, k, sampled=sampled))
+    return k
+
+
 def _alternating(ctrl: DepthController, blocks: int, sampled_extra: float | None) -> list[int]:
     """Blocks of 40 steps of one request at a time (requests of 20 steps), greedy and, with `sampled_extra`, sampled
     in turn. A drafting step costs 1.05 + 0.02 x its tokens, a sampled one `sampled_extra` more (its drafts'
@@ -320,15 +333,10 @@ def _alternating(ctrl: DepthController, blocks: int, sampled_extra: float | None
     rng, greedy_ks = np.random.default_rng(0), []
     for block in range(blocks):
         sampled = sampled_extra is not None and block % 2 == 1
+        extra = sampled_extra if sampled else 0.0
         for i in range(40):
-            req = f"{block}-{i // 20}"
-            (k,) = ctrl.choose([req], sampled=sampled)
-            accepted = 0
-            while accepted < k and rng.random() < rates[accepted]:
-                accepted += 1
-            ctrl.observe([req], [k], [accepted])
-            seconds = (1.05 + (sampled_extra if sampled else 0.0) if k else 1.0) + 0.02 * (1 + k)
-            ctrl.observe_step(Step(1 + k, k, seconds, 1, 1 + accepted, k, sampled=sampled))
+            k = _decode_step(ctrl, f"{block}-{i // 20}", sampled, rates, rng,
+                             lambda k: (1.05 + extra if k else 1.0) + 0.02 * (1 + k))
             if not sampled:
                 greedy_ks.append(k)
     return greedy_ks
@@ -357,14 +365,8 @@ def test_sampled_batches_are_judged_by_speeds_of_their_own() -> None:
     for block, sampled in enumerate([False] * 4 + [True] * 4):
         extra = 0.5 if sampled else 0.0  # a sampled step's own cost (top-p over the vocabulary)
         for i in range(60):
-            req = f"{block}-{i // 30}"
-            (k,) = ctrl.choose([req], sampled=sampled)
-            accepted = 0
-            while accepted < k and rng.random() < rates[accepted]:
-                accepted += 1
-            ctrl.observe([req], [k], [accepted])
-            seconds = (1.0 if k == 0 else 1.1 + 0.05 * k) + extra * (1 + 0.5 * (k > 0))
-            ctrl.observe_step(Step(1 + k, k, seconds, 1, 1 + accepted, k, sampled=sampled))
+            k = _decode_step(ctrl, f"{block}-{i // 30}", sampled, rates, rng,
+                             lambda k: (1.0 if k == 0 else 1.1 + 0.05 * k) + extra * (1 + 0.5 * (k > 0)))
             if sampled:
                 sampled_ks.append(k)
     assert ctrl.speeds_by_kind[True].rates(1)[0] < 0.75 * ctrl.speeds_by_kind[False].rates(1)[0]
