@@ -3,6 +3,8 @@ shared simulated engine and on scripted steps."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -312,7 +314,7 @@ def test_fallback_keeps_min_k_drafts(min_k: int) -> None:
 
 
 def _decode_step(ctrl: DepthController, req: str, sampled: bool, rates: list[float], rng: np.random.Generator,
-                 seconds_for) -> int:
+                 seconds_for: Callable[[int], float]) -> int:
     """One step of a request alone: choose its K, accept a prefix of its drafts at the per-position `rates`, report
     the step as costing `seconds_for(K)`; its K."""
     (k,) = ctrl.choose([req], sampled=sampled)
