@@ -159,9 +159,9 @@ def cmd_train(args: argparse.Namespace) -> None:
 def cmd_distill(args: argparse.Namespace) -> None:
     """The target's own responses to the built training prompts, chunk by chunk (resumable)."""
     from peagle_vllm.harness.distill import distill
-    from peagle_vllm.train.prompts import build_prompts
+    from peagle_vllm.train.prompts import training_prompts
 
-    record = distill(args.target, build_prompts(args.prompts, seed=args.seed), Path(args.out), args.max_tokens,
+    record = distill(args.target, training_prompts(0, args.prompts, seed=args.seed), Path(args.out), args.max_tokens,
                      max_num_seqs=args.max_num_seqs)
     print(json.dumps({"out": str(Path(args.out).resolve()), **record}))
 

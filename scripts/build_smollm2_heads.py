@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 TARGET = REPO / "models" / "SmolLM2-135M-Instruct"
 HEADS = {"smollm2-peagle-depth": "depth", "smollm2-peagle-standard": "standard", "smollm2-eagle3": "eagle3"}
 DATA_DIR = REPO / "datasets" / "smollm2"
-# Data sets: which of build_prompts' prompts each one answers, and the precision of its capture.
+# Data sets: which of training_prompts' prompts each one answers, and the precision of its capture.
 DATASETS = {"distill": dict(prompts=(0, 3072), capture="float32"),
             "distill-b": dict(prompts=(3072, 6144), capture="bfloat16"),
             "distill-c": dict(prompts=(6144, 9216), capture="bfloat16"),
@@ -155,7 +155,7 @@ def main() -> None:
     args = parser.parse_args()
     from peagle_vllm.harness.distill import LOG, distill
     from peagle_vllm.harness.real_target import check_converted
-    from peagle_vllm.train.prompts import build_prompts
+    from peagle_vllm.train.prompts import training_prompts
     from peagle_vllm.train.capture import cache_dir_for, capture_conversations
     from peagle_vllm.train.data import read_conversations
     from peagle_vllm.train.trainer import STATE_DIR, TrainRecipe, default_aux_layers, train
@@ -176,7 +176,7 @@ def main() -> None:
         if (DATA_DIR / name).is_dir():  # restored: distilled before, no target run needed
             record = json.loads((data / LOG).read_text())
         else:
-            record = distill(str(TARGET), build_prompts(spec["prompts"][1])[slice(*spec["prompts"])], data)
+            record = distill(str(TARGET), training_prompts(*spec["prompts"]), data)
             _restore_or_keep(data, DATA_DIR / name)
         _record(args.work, f"self-distillation {name}", record["seconds"], tokens=record["tokens"],
                 conversations=record["rows"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-EVAL_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "eval_prompts.json"
+from peagle_vllm.train.prompts import EVAL_PROMPTS
 
 
 class PromptsFileError(ValueError):

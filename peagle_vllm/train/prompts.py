@@ -2,16 +2,20 @@
 (its modules, functions and classes, read from the running interpreter's own sources and docstrings),
 general questions, writing tasks and reasoning problems, each kind from its own templates and word
 lists, deduplicated and shuffled from a seed. Evaluation prompts come from another source (the
-hand-written `peagle_vllm/data/eval_prompts.json`), so acceptance is measured on prompts no head saw.
+hand-written `peagle_vllm/data/eval_prompts.json`); `training_prompts` leaves out any built prompt that is also
+one of them, so acceptance is measured on prompts no head saw.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import random
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+EVAL_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "eval_prompts.json"  # the held-out user messages
 
 SKIP_MODULES = {"antigravity", "this", "idlelib", "turtledemo", "lib2to3", "test", "tkinter", "turtle", "distutils",
                 "ensurepip", "venv", "pydoc_data", "xxsubtype", "xxlimited", "xxlimited_35"}
@@ -200,6 +204,14 @@ def build_prompts(count: int, seed: int = 0) -> list[str]:
     if len(out) < count:
         raise ValueError(f"only {len(out)} distinct prompts could be built, {count} were asked for")
     return out
+
+
+def training_prompts(start: int, end: int, seed: int = 0, held_out: set[str] | None = None) -> list[str]:
+    """`build_prompts(end, seed)[start:end]` less the held-out messages (default: the evaluation set's), so that
+    a data set keeps the indices of the prompts it answers and no head trains on a prompt it is evaluated on."""
+    if held_out is None:
+        held_out = set(json.loads(EVAL_PROMPTS.read_text()))
+    return [p for p in build_prompts(end, seed)[start:end] if p not in held_out]
 
 
 def _doc_prompt(rng: random.Random, api: list[tuple[str, str, str]]) -> str | None:

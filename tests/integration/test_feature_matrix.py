@@ -24,7 +24,8 @@ from peagle_vllm.harness.runs import close_llm, make_llm, request_spec_figures
 REPO = Path(__file__).resolve().parents[2]
 DRAFT = REPO / "models" / "smollm2-peagle-depth"
 SPEC = {"method": "p_eagle", "model": str(DRAFT), "num_speculative_tokens": 8, "adaptive": False}
-MESSAGES = [read_user_messages(EVAL_PROMPTS)[i] for i in (0, 26)]  # a coding and a general question
+# a coding question (one whose structured answers finish within 32 tokens) and a general one
+MESSAGES = ["Write a Python function that reverses a string.", read_user_messages(EVAL_PROMPTS)[26]]
 REFUSED = "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding."
 BLOCK = 128  # vLLM's CPU KV block size
 SMALL_BLOCKS = 5  # the small engine's usable KV cache: 640 tokens (vLLM keeps one more block as its null block)

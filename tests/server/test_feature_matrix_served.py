@@ -12,14 +12,13 @@ from pathlib import Path
 import pytest
 
 from peagle_vllm.harness.feature_matrix import KINDS, messages_for
-from peagle_vllm.harness.prompts import EVAL_PROMPTS, read_user_messages
 from peagle_vllm.harness.server_process import ServerConfig, Server, running_servers, scrape_metrics, wait_until_idle
 
 REPO = Path(__file__).resolve().parents[2]
 DRAFT = REPO / "models" / "smollm2-peagle-depth"
 SPEC = {"method": "p_eagle", "model": str(DRAFT), "num_speculative_tokens": 8, "adaptive": False}
 TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
-MESSAGE = read_user_messages(EVAL_PROMPTS)[0]
+MESSAGE = "Write a Python function that reverses a string."
 REFUSED = "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding."
 # "strict": vLLM's hermes structural tag then pins the arguments to the schema (else only the call's envelope)
 WEATHER = {"type": "function", "function": {
