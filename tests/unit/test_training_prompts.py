@@ -7,8 +7,7 @@ import gzip
 import json
 from pathlib import Path
 
-from peagle_vllm.harness.prompts import EVAL_PROMPTS
-from peagle_vllm.train.prompts import build_prompts, training_prompts
+from peagle_vllm.train.prompts import EVAL_PROMPTS, build_prompts, training_prompts
 
 REPO = Path(__file__).resolve().parents[2]
 HELD_OUT = set(json.loads(EVAL_PROMPTS.read_text()))
@@ -22,6 +21,7 @@ def test_training_prompts_leave_out_held_out_messages_and_keep_the_others_indice
 
 
 def test_no_data_set_of_the_heads_answers_an_evaluation_message() -> None:
+    # the first data set is not committed: the shipped heads were distilled from build_prompts' own prompts
     assert not HELD_OUT & set(build_prompts(24576)), "the evaluation set holds a message the training prompts make"
     chunks = sorted((REPO / "datasets" / "smollm2").glob("*/chunk-*.jsonl.gz"))
     assert chunks
