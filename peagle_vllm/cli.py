@@ -161,8 +161,8 @@ def cmd_distill(args: argparse.Namespace) -> None:
     from peagle_vllm.harness.distill import distill
     from peagle_vllm.train.prompts import training_prompts
 
-    record = distill(args.target, training_prompts(0, args.prompts, seed=args.seed), Path(args.out), args.max_tokens,
-                     max_num_seqs=args.max_num_seqs)
+    prompts = training_prompts(0, args.prompts, seed=args.seed, source=args.source)
+    record = distill(args.target, prompts, Path(args.out), args.max_tokens, max_num_seqs=args.max_num_seqs)
     print(json.dumps({"out": str(Path(args.out).resolve()), **record}))
 
 
@@ -199,6 +199,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from peagle_vllm.train.prompts import SOURCES
+
     p = argparse.ArgumentParser(prog="peagle-vllm", description="P-EAGLE parallel speculative decoding for vLLM")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -274,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-tokens", type=int, default=256)
     s.add_argument("--max-num-seqs", type=int, default=256, help="requests vLLM runs at once")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--source", choices=sorted(SOURCES), default="templates",
+                   help="which prompt builder: stdlib-centred templates, or everyday requests phrased many ways")
     s.set_defaults(func=cmd_distill)
 
     b = sub.add_parser("bench", help="no-spec vs vLLM eagle3 vs vLLM parallel drafting vs p_eagle, side by side")

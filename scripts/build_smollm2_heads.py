@@ -37,13 +37,15 @@ REPO = Path(__file__).resolve().parent.parent
 TARGET = REPO / "models" / "SmolLM2-135M-Instruct"
 HEADS = {"smollm2-peagle-depth": "depth", "smollm2-peagle-standard": "standard", "smollm2-eagle3": "eagle3"}
 DATA_DIR = REPO / "datasets" / "smollm2"
-# Data sets: which of training_prompts' prompts each one answers, and the precision of its capture.
+# Data sets: which of training_prompts' prompts each one answers (from its `source`, default the templates), and the
+# precision of its capture.
 DATASETS = {"distill": dict(prompts=(0, 3072), capture="float32"),
             "distill-b": dict(prompts=(3072, 6144), capture="bfloat16"),
             "distill-c": dict(prompts=(6144, 9216), capture="bfloat16"),
             "distill-d": dict(prompts=(9216, 12288), capture="bfloat16"),
             "distill-e": dict(prompts=(12288, 15360), capture="bfloat16"),
-            "distill-f": dict(prompts=(15360, 18432), capture="bfloat16")}
+            "distill-f": dict(prompts=(15360, 18432), capture="bfloat16"),
+            "requests": dict(source="requests", prompts=(0, 3072), capture="bfloat16")}
 RECIPE = dict(k=16, seq_len=384, warmup=20, draft_vocab=8192, share_embeddings=True, checkpoint_every=16)
 # Each stage ends at step `steps`, with its own warmup and cosine decay to zero from `lr`. The CPU stages are one pass
 # each (384 steps of 8 conversations): two over the first data set, then one over each other. The `gpu` stages that
@@ -176,7 +178,8 @@ def main() -> None:
         if (DATA_DIR / name).is_dir():  # restored: distilled before, no target run needed
             record = json.loads((data / LOG).read_text())
         else:
-            record = distill(str(TARGET), training_prompts(*spec["prompts"]), data)
+            prompts = training_prompts(*spec["prompts"], source=spec.get("source", "templates"))
+            record = distill(str(TARGET), prompts, data)
             _restore_or_keep(data, DATA_DIR / name)
         _record(args.work, f"self-distillation {name}", record["seconds"], tokens=record["tokens"],
                 conversations=record["rows"])

@@ -2,8 +2,9 @@
 (its modules, functions and classes, read from the running interpreter's own sources and docstrings),
 general questions, writing tasks and reasoning problems, each kind from its own templates and word
 lists, deduplicated and shuffled from a seed. Evaluation prompts come from another source (the
-hand-written `peagle_vllm/data/eval_prompts.json`); `training_prompts` leaves out any built prompt that is also
-one of them, so acceptance is measured on prompts no head saw.
+hand-written `peagle_vllm/data/eval_prompts.json`). A second source, everyday requests phrased many ways, is in
+`requests.py`; `training_prompts` draws from either and leaves out any built prompt that is also an
+evaluation message, so acceptance is measured on prompts no head saw.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import random
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+from peagle_vllm.train.requests import build_requests
 
 EVAL_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "eval_prompts.json"  # the held-out user messages
 
@@ -206,12 +209,13 @@ def build_prompts(count: int, seed: int = 0) -> list[str]:
     return out
 
 
-def training_prompts(start: int, end: int, seed: int = 0, held_out: set[str] | None = None) -> list[str]:
-    """`build_prompts(end, seed)[start:end]` less the held-out messages (default: the evaluation set's), so that
+def training_prompts(start: int, end: int, seed: int = 0, held_out: set[str] | None = None,
+                     source: str = "templates") -> list[str]:
+    """`SOURCES[source](end, seed)[start:end]` less the held-out messages (default: the evaluation set's), so that
     a data set keeps the indices of the prompts it answers and no head trains on a prompt it is evaluated on."""
     if held_out is None:
         held_out = set(json.loads(EVAL_PROMPTS.read_text()))
-    return [p for p in build_prompts(end, seed)[start:end] if p not in held_out]
+    return [p for p in SOURCES[source](end, seed)[start:end] if p not in held_out]
 
 
 def _doc_prompt(rng: random.Random, api: list[tuple[str, str, str]]) -> str | None:
@@ -220,6 +224,9 @@ def _doc_prompt(rng: random.Random, api: list[tuple[str, str, str]]) -> str | No
         if task:
             return rng.choice(DOC_TEMPLATES).format(doc=task)
     return None
+
+
+SOURCES = {"templates": build_prompts, "requests": build_requests}  # training_prompts' sources, by name
 
 
 def iter_chunks(items: list, size: int) -> Iterator[tuple[int, list]]:

@@ -1,16 +1,27 @@
-"""Training prompts never include a held-out evaluation message: neither the prompts a data set is distilled
-from nor the committed data sets' conversations."""
+"""Training prompts never include a held-out evaluation message, nor one in nearly the same words: neither the
+prompts a data set is distilled from nor the committed data sets' conversations."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
-from peagle_vllm.train.prompts import EVAL_PROMPTS, build_prompts, training_prompts
+import pytest
+
+from peagle_vllm.train.prompts import EVAL_PROMPTS, SOURCES, build_prompts, training_prompts
 
 REPO = Path(__file__).resolve().parents[2]
 HELD_OUT = set(json.loads(EVAL_PROMPTS.read_text()))
+# words that frame a request rather than name its subject ("What is the difference between ... in Python?")
+FRAME = set("a an the in of to and or is are do does i how what why with for my me on it that this you can python "
+            "write show explain from by as be at which when your difference between function program script class "
+            "short simple example examples use using some give tell make".split())
+
+
+def _subject_words(message: str) -> set[str]:
+    return {word[:5] for word in re.findall(r"[a-z0-9_*=]+", message.lower()) if word not in FRAME}  # [:5]: a stem
 
 
 def test_training_prompts_leave_out_held_out_messages_and_keep_the_others_indices() -> None:
@@ -18,11 +29,24 @@ def test_training_prompts_leave_out_held_out_messages_and_keep_the_others_indice
     held_out = {built[5], built[1500], "a message no template makes"}
     assert training_prompts(0, 2048, held_out=held_out) == built[:5] + built[6:1500] + built[1501:]
     assert training_prompts(1024, 2048, held_out=held_out) == built[1024:1500] + built[1501:]
+    requests = SOURCES["requests"](100)
+    assert training_prompts(0, 100, held_out={requests[7]}, source="requests") == requests[:7] + requests[8:]
+
+
+@pytest.mark.parametrize("source", sorted(SOURCES))
+def test_no_training_prompt_is_an_evaluation_message_in_nearly_the_same_words(source: str) -> None:
+    held_out = [(message, _subject_words(message)) for message in HELD_OUT]
+    for prompt in SOURCES[source](3072):
+        words = _subject_words(prompt)
+        for message, theirs in held_out:
+            shared = len(words & theirs) / len(words | theirs)
+            assert shared < 0.6, f"{prompt!r} shares {shared:.0%} of its subject words with {message!r}"
 
 
 def test_no_data_set_of_the_heads_answers_an_evaluation_message() -> None:
     # the first data set is not committed: the shipped heads were distilled from build_prompts' own prompts
     assert not HELD_OUT & set(build_prompts(24576)), "the evaluation set holds a message the training prompts make"
+    assert not HELD_OUT & set(SOURCES["requests"](6144)), "the evaluation set holds a message the requests make"
     chunks = sorted((REPO / "datasets" / "smollm2").glob("*/chunk-*.jsonl.gz"))
     assert chunks
     for chunk in chunks:
