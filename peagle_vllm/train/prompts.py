@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from peagle_vllm.train.draw import draw_distinct
 from peagle_vllm.train.requests import build_requests
 
 EVAL_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "eval_prompts.json"  # the held-out user messages
@@ -194,19 +195,7 @@ def build_prompts(count: int, seed: int = 0) -> list[str]:
         (0.15, lambda: f"Write {rng.choice(WRITING_FORMS)} about {rng.choice(TOPICS)}{rng.choice(WRITING_TONES)}."),
         (0.10, lambda: _reasoning(rng)),
     ]
-    weights = [w for w, _ in makers]
-    seen: set[str] = set()
-    out: list[str] = []
-    for _ in range(count * 50):
-        if len(out) == count:
-            break
-        prompt = rng.choices(makers, weights)[0][1]()
-        if prompt and prompt not in seen:
-            seen.add(prompt)
-            out.append(prompt)
-    if len(out) < count:
-        raise ValueError(f"only {len(out)} distinct prompts could be built, {count} were asked for")
-    return out
+    return draw_distinct(rng, makers, count)
 
 
 def training_prompts(start: int, end: int, seed: int = 0, held_out: set[str] | None = None,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import random
 
+from peagle_vllm.train.draw import draw_distinct
+
 PY_ACTIONS = (
     "remove duplicates from a list", "merge two dictionaries", "reverse a list without changing the original",
     "check if a key exists in a dictionary", "convert a string to a number safely", "split a string on commas",
@@ -259,16 +261,4 @@ def build_requests(count: int, seed: int = 0) -> list[str]:
         (0.03, lambda: r(WORK_PHRASINGS).format(w=r(WORKS))),
         (0.05, lambda: _word_problem(rng)),
     ]
-    weights = [w for w, _ in makers]
-    seen: set[str] = set()
-    out: list[str] = []
-    for _ in range(count * 50):
-        if len(out) == count:
-            break
-        request = rng.choices(makers, weights)[0][1]()
-        if request not in seen:
-            seen.add(request)
-            out.append(request)
-    if len(out) < count:
-        raise ValueError(f"only {len(out)} distinct requests could be built, {count} were asked for")
-    return out
+    return draw_distinct(rng, makers, count)
