@@ -277,7 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-num-seqs", type=int, default=256, help="requests vLLM runs at once")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--source", choices=sorted(SOURCES), default="templates",
-                   help="which prompt builder: stdlib-centred templates, or everyday requests phrased many ways")
+                   help="which prompt builder: stdlib-centred templates, everyday requests phrased many ways, "
+                        "or questions on yet other subjects")
     s.set_defaults(func=cmd_distill)
 
     b = sub.add_parser("bench", help="no-spec vs vLLM eagle3 vs vLLM parallel drafting vs p_eagle, side by side")

@@ -3,8 +3,9 @@
 general questions, writing tasks and reasoning problems, each kind from its own templates and word
 lists, deduplicated and shuffled from a seed. Evaluation prompts come from another source (the
 hand-written `peagle_vllm/data/eval_prompts.json`). A second source, everyday requests phrased many ways, is in
-`requests.py`; `training_prompts` draws from either and leaves out any built prompt that is also an
-evaluation message, so acceptance is measured on prompts no head saw.
+`requests.py`, a third, questions on yet other subjects, in `questions.py`; `training_prompts` draws from any of
+them and leaves out any built prompt that is also an evaluation message, so acceptance is measured on prompts no
+head saw.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from peagle_vllm.train.draw import draw_distinct
+from peagle_vllm.train.questions import build_questions
 from peagle_vllm.train.requests import build_requests
 
 EVAL_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "eval_prompts.json"  # the held-out user messages
@@ -215,7 +217,8 @@ def _doc_prompt(rng: random.Random, api: list[tuple[str, str, str]]) -> str | No
     return None
 
 
-SOURCES = {"templates": build_prompts, "requests": build_requests}  # training_prompts' sources, by name
+# training_prompts' sources, by name
+SOURCES = {"templates": build_prompts, "requests": build_requests, "questions": build_questions}
 
 
 def iter_chunks(items: list, size: int) -> Iterator[tuple[int, list]]:
