@@ -1,4 +1,4 @@
-"""Drawing distinct training prompts from weighted makers, the loop both prompt sources share."""
+"""Drawing distinct training prompts from weighted makers, the loop every prompt source shares."""
 
 from __future__ import annotations
 
