@@ -175,7 +175,7 @@ def run_bench(target: Path, out_dir: Path, ks: list[int], concurrencies: list[in
             "prompts": len(prompts), "rounds": rounds, "fresh_engines": fresh_engines}
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (out_dir / "bench.md").write_text(markdown_table(rows) + "\n" + adaptive_summary(rows))
-    _plot(rows, out_dir)
+    write_plots(rows, out_dir)
     return rows
 
 
@@ -323,7 +323,9 @@ def _spread(row: dict | None) -> str:
     return f"{100 * row['spread']:.0f}%"
 
 
-def _plot(rows: list[dict], out_dir: Path) -> None:
+def write_plots(rows: list[dict], out_dir: Path) -> None:
+    """speedup_vs_k.png (per concurrency, greedy: each mode's `vs_no_spec` against K) and
+    per_position_acceptance.png (the largest K's acceptance by draft position, lowest concurrency, greedy)."""
     import matplotlib
 
     matplotlib.use("Agg")
