@@ -13,17 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
-from peagle_vllm.harness.bench import median_interval, write_plots
-
-
-def paired_vs_no_spec(row: dict, no_spec: dict) -> tuple[float, tuple[float, float] | None]:
-    """The median over rounds of the row's throughput over its run's no speculation in the same round,
-    with `median_interval`."""
-    ratios = [a / b for a, b in zip(row["rounds_tokens_per_s"], no_spec["rounds_tokens_per_s"], strict=True)]
-    return statistics.median(ratios), median_interval(ratios)
+from peagle_vllm.harness.bench import paired_ratio, write_plots
 
 
 def merged_rows(runs: list[Path], concurrency: int) -> list[dict]:
@@ -42,7 +34,10 @@ def merged_rows(runs: list[Path], concurrency: int) -> list[dict]:
             seen[key] = run.name
             base = next(x for x in own if x["mode"] == "no-spec" and x["temperature"] == r["temperature"]
                         and x["interface"] == r["interface"])
-            median, interval = paired_vs_no_spec(r, base)
+            paired = paired_ratio(r, base)
+            if paired is None:
+                raise SystemExit(f"merge_bench: {run.name} has no rounds to pair (run it with --rounds 2 or more)")
+            median, interval = paired
             rows.append({**r, "run": run.name, "paired_vs_no_spec": median, "paired_interval": interval})
     return sorted(rows, key=lambda r: (r["interface"], r["temperature"], r["mode"], r["k"]))
 

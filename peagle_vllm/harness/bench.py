@@ -292,16 +292,24 @@ def adaptive_summary(rows: list[dict], fixed: str = "p_eagle-depth", adaptive: s
             "\n|---|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
 
 
-def _paired(row: dict, other: dict | None) -> str:
+def paired_ratio(row: dict, other: dict | None) -> tuple[float, tuple[float, float] | None] | None:
     """The median over rounds of the row's throughput over the other's in the same round (a cell's modes
     run back to back in each round, so a slow spell of the machine weighs on both), with its interval
-    (`median_interval`) once there are rounds enough; "-" without several rounds of both."""
+    (`median_interval`, None without rounds enough); None without several rounds of both."""
     mine, theirs = row.get("rounds_tokens_per_s", ()), (other or {}).get("rounds_tokens_per_s", ())
     if len(mine) < 2 or len(mine) != len(theirs):
-        return "-"
+        return None
     ratios = [a / b for a, b in zip(mine, theirs)]
-    interval = median_interval(ratios)
-    return f"{statistics.median(ratios):.2f}" + ("" if interval is None else " ({:.2f}-{:.2f})".format(*interval))
+    return statistics.median(ratios), median_interval(ratios)
+
+
+def _paired(row: dict, other: dict | None) -> str:
+    """`paired_ratio` as a table cell: "-" where there is none."""
+    paired = paired_ratio(row, other)
+    if paired is None:
+        return "-"
+    median, interval = paired
+    return f"{median:.2f}" + ("" if interval is None else " ({:.2f}-{:.2f})".format(*interval))
 
 
 def median_interval(values: list[float], level: float = MEDIAN_LEVEL) -> tuple[float, float] | None:

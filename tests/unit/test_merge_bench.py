@@ -41,10 +41,17 @@ def test_rows_are_paired_with_their_own_runs_no_speculation(tmp_path):
 
 def test_a_mode_and_k_in_two_runs_is_refused(tmp_path):
     merge = _merge_bench()
-    a = _run(tmp_path, "a", [_row("no-spec", 0, [10.0]), _row("vllm-parallel", 2, [12.0])])
-    b = _run(tmp_path, "b", [_row("no-spec", 0, [10.0]), _row("vllm-parallel", 2, [13.0])])
+    a = _run(tmp_path, "a", [_row("no-spec", 0, [10.0, 10.0]), _row("vllm-parallel", 2, [12.0, 12.0])])
+    b = _run(tmp_path, "b", [_row("no-spec", 0, [10.0, 10.0]), _row("vllm-parallel", 2, [13.0, 13.0])])
     with pytest.raises(SystemExit, match="vllm-parallel K=2 T=0 is in both a and b"):
         merge.merged_rows([a, b], concurrency=1)
+
+
+def test_a_run_of_one_round_is_refused(tmp_path):
+    merge = _merge_bench()
+    once = _run(tmp_path, "once", [_row("no-spec", 0, [10.0]), _row("p_eagle-depth", 2, [12.0])])
+    with pytest.raises(SystemExit, match="once has no rounds to pair"):
+        merge.merged_rows([once], concurrency=1)
 
 
 def test_writes_table_json_and_plots(tmp_path, monkeypatch, capsys):
