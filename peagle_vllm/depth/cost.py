@@ -9,6 +9,7 @@ import numpy as np
 from peagle_vllm.depth.acceptance import RESCALE
 
 REFIT_EVERY = 8  # observations between two solves of the cost fit
+FACTOR_WEIGHT = 3.0  # decayed drafting steps a token count's factor rests on before the optimiser uses it
 
 
 @dataclass
@@ -39,6 +40,9 @@ class CostModel:
     _scale: float = 1.0
     _seen: int = 0
     _new: int = 0  # observations since the fit was last solved
+    # per token count of a drafting step: decayed sums of its steps, seconds, requests and draft rows (kept x
+    # `_scale`, as the fit's sums are)
+    _by_tokens: dict[int, list[float]] = field(default_factory=dict)
 
     def observe(self, requests: int, tokens: int, draft_rows: int, seconds: float) -> None:
         self._scale = scale = self._scale / self.decay
@@ -53,10 +57,34 @@ class CostModel:
             row = 5 * i
             for j, xj in x:
                 xx[row + j] += xi * xj / scale  # x_i x_j, times the scale once
+        if draft_rows:
+            entry = self._by_tokens.setdefault(tokens, [0.0, 0.0, 0.0, 0.0])
+            for i, value in enumerate((1.0, seconds, requests, draft_rows)):
+                entry[i] += value * scale
         if scale > RESCALE:
             self._xx, self._xy, self._scale = [v / scale for v in xx], [v / scale for v in xy], 1.0
+            self._by_tokens = {t: [v / scale for v in entry] for t, entry in self._by_tokens.items()
+                               if entry[0] > 1e-3 * scale}  # (counts not seen for long are dropped)
         self._seen += 1
         self._new += 1
+
+    def token_factors(self) -> dict[int, float]:
+        """Tokens computed -> the recent drafting steps' mean seconds over what the fit prices them at, for the
+        counts with `FACTOR_WEIGHT` decayed steps or more. The fit is linear in the tokens; this CPU's linear layers
+        are not (2 rows cost more than 3 on SmolLM2's output layer), so the optimiser prices a step by its fit
+        times this factor. The counts forget at the fit's rate: both speak of the same recent steps."""
+        self._solve()
+        s0, s1, dv, s2 = self._s
+        out, least = {}, FACTOR_WEIGHT * self._scale
+        for tokens, (steps, seconds, requests, rows) in self._by_tokens.items():
+            fitted = (s0 + (s1 + dv) * tokens) * steps - dv * requests + s2 * rows
+            if steps >= least and fitted > 0:
+                out[tokens] = seconds / fitted
+        return out
+
+    def token_weights(self) -> dict[int, float]:
+        """Tokens computed -> the decayed count of recent drafting steps that computed that many."""
+        return {tokens: entry[0] / self._scale for tokens, entry in self._by_tokens.items()}
 
     def _solve(self) -> None:
         if self._seen < 3 or self._new < (REFIT_EVERY if self._seen > self._new else 1):

@@ -30,7 +30,9 @@ one):
 While speculating, explorations force `explore_steps` plain steps every `explore_every` steps and soon after a
 trial, and time plain decoding afresh (a plain figure from a slow spell must not keep a losing speculation going;
 until they are timed, no other batch size's figures decide); plain steps are also forced at a batch size whose
-plain speed is not measured yet.
+plain speed is not measured yet. At batch 1, depth explorations run the depth beside the chosen one for
+`explore_steps` steps every `depth_explore_every`: a step's cost is not linear in its tokens, and the cost model
+measures each token count's own factor only where a depth runs.
 
 KV lookahead follows each request's own K: `reservation` says how many drafts a request may get at its next choice
 (at most twice its last K, so that K can grow step by step; none in fallback until a probe, which starts where
@@ -70,6 +72,7 @@ class DepthOptions:
     alone_trial_steps: int = 16  # the same for a new request's own trial, alone in its batch
     explore_every: int = 128  # plain steps are forced this often while speculating
     explore_steps: int = 4  # plain steps an exploration forces
+    depth_explore_every: int = 32  # at batch 1, steps between two explorations of a depth beside the chosen one
     decay: float = 0.9  # weight of the past per observation (per request)
     prior_weight: float = 2.0  # pseudo-observations of the global prior in each request's estimate
 
@@ -105,6 +108,9 @@ class DepthController:
         self.plain_left = 0  # exploration's forced plain steps still to come
         self.next_explore = options.explore_every  # step of the next exploration while speculating
         self.plain_forced = False  # the latest choice forced a plain step: reserve nothing, so no draft runs
+        self.depth_explore_left = 0  # steps still to run at the explored depth
+        self.depth_explored = 0  # the depth explored
+        self.next_depth_explore = options.depth_explore_every  # step of the next depth exploration
         self.summarized = 0  # `steps` at the latest summary
         self._last = (False, False)  # the latest step opened a stretch of speculation; it ran a draft
         self._expected = 1.0  # tokens per request the latest choice's drafts are expected to emit
@@ -305,6 +311,8 @@ class DepthController:
                 self.speeds.time_plain_afresh(key)  # as a trial times speculation afresh
             if self.plain_left or self.speeds.plain_unmeasured(batch):
                 threshold, self.plain_forced = np.inf, True
+        if self.speculating and not self.plain_forced and batch == 1 and not in_trial:
+            threshold, depth = self._explore_depth(threshold, depth)
         short = min(self.opt.probe_k, kmax) if trial and not self.plain_forced else 0  # where the model says no
         caps = [kmax] * batch if caps is None else caps
         out, self._expected = drafts_per_request(curves, threshold, depth, short, self.opt.min_k, caps)
@@ -315,6 +323,22 @@ class DepthController:
         if self.speculating and self.typical_k:
             self.spec_k = self.typical_k
         return out
+
+    def _explore_depth(self, threshold: float, depth: int) -> tuple[float, int]:
+        """(threshold, depth) of a speculative step at batch 1 outside trials: the optimiser's, or in a depth
+        exploration (see the module's doc) every draft up to the depth explored: of the two beside the chosen one,
+        the one whose token count the cost model saw least lately."""
+        if not self.depth_explore_left and self.steps >= self.next_depth_explore:
+            self.next_depth_explore = self.steps + self.opt.depth_explore_every
+            beside = [d for d in (depth - 1, depth + 1) if 1 <= d <= self.opt.max_k]
+            if beside:
+                weights = self.costs_for(self.sampled).token_weights()
+                self.depth_explored = min(beside, key=lambda d: weights.get(1 + d, 0.0))
+                self.depth_explore_left = self.opt.explore_steps
+        if not self.depth_explore_left:
+            return threshold, depth
+        self.depth_explore_left -= 1
+        return 0.0, self.depth_explored
 
     def _start_trial(self, key: int, batch: int, probe: bool) -> None:
         """A trial (a probe, or an arrival trial) begins at this step, in bucket `key`."""

@@ -44,6 +44,17 @@ class LinearCosts:
         return self.base + self.per_token * batch * prompt + (tokens - 1) * (self.base + self.per_token * batch)
 
 
+def by_tokens(drafting: dict[int, float], noise: float = 0.05) -> StepSeconds:
+    """A step that runs a draft lasts `drafting` at its tokens computed (interpolated between the given counts, the
+    nearest beyond), any other 1 + 0.01 per token; log-normal noise of relative sd `noise` on both."""
+    counts = sorted(drafting)
+
+    def seconds(index: int, tokens: int, draft_rows: int, rng: np.random.Generator) -> float:
+        mean = float(np.interp(tokens, counts, [drafting[t] for t in counts])) if draft_rows else 1.0 + 0.01 * tokens
+        return mean * float(np.exp(noise * rng.standard_normal() - noise ** 2 / 2))
+    return seconds
+
+
 def two_speeds(plain_s: float | list[float], spec_s: float) -> StepSeconds:
     """A step that runs a draft lasts `spec_s`, any other `plain_s` (or the entry of that list at its index)."""
     if isinstance(plain_s, list):

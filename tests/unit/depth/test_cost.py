@@ -119,3 +119,27 @@ def test_the_fit_keeps_its_starting_values_until_three_steps_and_then_refits_eve
     assert model.terms() == fitted
     model.observe(4, 4, 0, 0.005)
     assert model.terms() != fitted and model.p0 is not None
+
+
+def test_a_token_count_the_fit_misprices_gets_its_own_factor_from_recent_steps() -> None:
+    """Drafting steps at batch 1 computing 2, 3 and 5 tokens, where 2 cost 25% more than a straight line through the
+    others (as SmolLM2's output layer on this CPU): each count's factor is its measured over its fitted seconds, the
+    dear count's above the others'; a count seen in fewer than `FACTOR_WEIGHT` recent steps has none, and one not
+    seen for long loses its factor (the counts forget at the fit's rate)."""
+    model = CostModel()
+    rng = np.random.default_rng(2)
+    for _ in range(300):
+        tokens = int(rng.choice([2, 3, 5]))
+        model.observe(1, tokens, 2 * (tokens - 1), (0.03 + 0.001 * tokens) * (1.25 if tokens == 2 else 1.0))
+    model.observe(1, 9, 16, 0.04)
+    factors = model.token_factors()
+    assert sorted(factors) == [2, 3, 5]
+    assert factors[2] > 1.1 * max(factors[3], factors[5])
+    for tokens in (2, 3, 5):  # the factor times the fit is what such a step measured
+        s0, sb, sv, s2, _ = model.terms()
+        fitted = s0 + sb + sv * (tokens - 1) + s2 * 2 * (tokens - 1)
+        assert fitted * factors[tokens] == pytest.approx((0.03 + 0.001 * tokens) * (1.25 if tokens == 2 else 1.0),
+                                                          rel=1e-6)
+    for _ in range(200):
+        model.observe(1, 3, 4, 0.033)
+    assert sorted(model.token_factors()) == [3]

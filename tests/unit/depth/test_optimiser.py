@@ -145,3 +145,32 @@ def test_a_batch_of_four_or_more_keeps_its_weighing_for_a_few_steps_and_a_smalle
             weighed.clear()
             batch_steps(ctrl, ids[2:] + ["new"], 1, plain_s=0.05 * size, spec_s=0.01 * size)
             assert weighed == [ctrl.steps]  # a batch of another size: weighed at once
+
+
+def test_alone_measured_factors_price_each_depth_and_the_best_depth_of_all_is_found() -> None:
+    """A batch of one with factors on some token counts: the depth chosen is as fast as the best of every depth
+    priced at its fit times its factor. Where the fit alone picks 1 draft, a step of 2 tokens measured dearer
+    moves the choice to 2 drafts, and one of 6 tokens measured cheaper to 5, past where the fit alone stops."""
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        kmax = int(rng.choice([4, 8, 16]))
+        rates = np.round(rng.uniform(0.0, 1.0, (1, kmax)) ** rng.uniform(0.2, 3), 2)
+        acceptance, ids = _with_rates(kmax, rates)
+        rows = [0] + [min(kmax, max(2 * d, 2)) for d in range(1, kmax + 1)]
+        s0, s1, s2 = np.array([1e-2, 3e-4, 2e-5]) * rng.uniform(0.2, 5, 3)
+        cost = CostModel(_s=[float(s0), float(s1), 0.0, float(s2)], _p0=float(rng.uniform(0.2, 1.5) * 1e-2))
+        factors = {int(t): float(rng.uniform(0.6, 1.4)) for t in rng.choice(range(1, kmax + 2), 3, replace=False)}
+        s0, sb, sv, s2, plain = cost.terms()
+        full = np.cumprod(rates[0])
+        speeds = {d: (1 + full[:d].sum()) / ((s0 + sb + sv * d + s2 * rows[d]) * factors.get(1 + d, 1.0))
+                  for d in range(1, kmax + 1)}
+        for speculate in (True, False):
+            threshold, depth = best_drafts(acceptance.curves(ids), cost.terms(), rows, speculate, factors)
+            best = max(max(speeds.values()), -np.inf if speculate else 1 / (plain + sb))
+            chosen = speeds[depth] if depth else 1 / (plain + sb)
+            assert chosen == pytest.approx(best, rel=1e-9), (trial, speculate, depth, factors)
+    acceptance, ids = _with_rates(8, np.array([[0.5, 0.1, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2]]))
+    terms, rows = CostModel(_s=[0.03, 0.003, 0.0, 0.0], _p0=0.03).terms(), [0] + [8] * 8
+    assert best_drafts(acceptance.curves(ids), terms, rows, True)[1] == 1
+    assert best_drafts(acceptance.curves(ids), terms, rows, True, {2: 1.3})[1] == 2
+    assert best_drafts(acceptance.curves(ids), terms, rows, True, {6: 0.75})[1] == 5
