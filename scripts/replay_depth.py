@@ -83,14 +83,16 @@ TARGETS = {
                    {"benchmark prompts": (_demo_prompts(1, 16), None), "other prompts": (_demo_prompts(2, 48), 16)},
                    OUT / "acceptance_runs.json", OUT / "bench_costs.json"),
     # SmolLM2-135M-Instruct with its depth head (K up to 16), the benchmark's adaptive K_max 8; the benchmark's 4
-    # prompts, and 4 drawn each round from 16 other held-out messages; costs from the 2026-12-03 (c0caad8) copy of
-    # results/bench-smollm2/bench.json (K=1, 2 at c=1 and 4; kept so that a later benchmark does not move them
-    # unnoticed), deeper K at c=1 from results/acceptance-by-k-smollm2 (K=4, 8, 16)
-    "smollm2": Target("SmolLM2-135M-Instruct", "smollm2-peagle-depth", 16, 8, (1, 2, 4, 8, 16),
+    # prompts, and 4 drawn each round from 16 other held-out messages; costs from a copy of
+    # results/bench-smollm2-s48/bench.json (the eight-pass heads, K=1, 2 at c=1, 4 and 16; kept so that a later
+    # benchmark does not move them unnoticed), deeper K at c=1 from results/bench-smollm2-k48-s48 (K=4, 8),
+    # -k16-s48 (K=16) and -c1-k234-fresh-s48 (K=3), each priced against its own no-spec cell
+    "smollm2": Target("SmolLM2-135M-Instruct", "smollm2-peagle-depth", 16, 8, (1, 2, 3, 4, 8, 16),
                       {"benchmark prompts": (_smollm2_prompts(0, 4), None),
                        "other prompts": (_smollm2_prompts(4, 16), 4)},
-                      OUT / "smollm2_acceptance_runs.json", OUT / "smollm2_bench_costs.json",
-                      (REPO / "results" / "acceptance-by-k-smollm2" / "bench.json",), "smollm2_"),
+                      OUT / "smollm2_acceptance_runs.json", OUT / "smollm2_bench_costs_2026-12-05.json",
+                      tuple(REPO / "results" / f"bench-smollm2-{run}" / "bench.json"
+                            for run in ("k48-s48", "k16-s48", "c1-k234-fresh-s48")), "smollm2_"),
 }
 
 
@@ -107,7 +109,7 @@ def build_runs(t: Target) -> None:
     models = REPO / "models"
     tokenizer = AutoTokenizer.from_pretrained(models / t.target)
     target = AutoModelForCausalLM.from_pretrained(models / t.target, dtype=torch.float32).eval()
-    head = load_head(models / t.head).eval()
+    head = load_head(models / t.head, target_embeddings=target.get_input_embeddings().weight).eval()
     out: dict[str, list[dict]] = {}
     for name, (prompts, _) in t.prompt_sets.items():
         out[name] = []
@@ -146,8 +148,8 @@ def step_costs(scale: float, bench: Path, deeper: tuple[Path, ...] = ()) -> Step
     """Plain steps' and drafting's costs per batch size, from an offline benchmark's no-spec and fixed-K
     cells: a cell's mean step lasts concurrency x acceptance length / tokens per second. `deeper` benchmarks add
     the fixed K that `bench` lacks at a concurrency it has, each step priced as a ratio to its own benchmark's
-    no-spec step; then, where any were added, what drafting adds is made non-decreasing in K and at least 0
-    (drafting deeper costs no less: a noisy cell must not price a deep draft below a shallow one)."""
+    no-spec step. What drafting adds is at least 0, and otherwise as measured: it need not grow with K (this CPU's
+    linear layers run some row counts faster than fewer rows)."""
     rows = _greedy_offline(bench)
     plain = {r["concurrency"]: 1e3 * r["concurrency"] / r["tokens_per_s"] for r in rows if r["mode"] == "no-spec"}
     ms_by_k: dict[int, dict[int, float]] = {}
@@ -164,10 +166,9 @@ def step_costs(scale: float, bench: Path, deeper: tuple[Path, ...] = ()) -> Step
                 ms_by_k.setdefault(c, {})[r["k"]] = plain[c] * r["acceptance_length"] * own[c] / r["tokens_per_s"]
     extra: dict[int, list[tuple[float, float]]] = {}
     for c, by_k in ms_by_k.items():
-        floor = 0.0 if deeper else -float("inf")
         for k in sorted(by_k):
-            floor = max(floor, by_k[k] - plain[c]) if deeper else by_k[k] - plain[c]
-            extra.setdefault(c, [(0.0, scale * floor)]).append((2.0 * k, scale * floor))
+            added = max(by_k[k] - plain[c], 0.0)
+            extra.setdefault(c, [(0.0, scale * added)]).append((2.0 * k, scale * added))
     return StepCosts(plain, extra, scale * HEAD_PROMPT_MS_PER_TOKEN)
 
 
