@@ -5,10 +5,11 @@ between speculating and plain decoding. No vLLM here: the adapter (`vllm_adapter
 Modules, each importing only those above it:
 - `step`: `Step`, what the controller is told of each engine step;
 - `acceptance`: per-request, per-position acceptance estimates and the curves P_r(i) built from them;
-- `cost`: the step-cost model, fitted online;
+- `cost`: the step-cost model, fitted online, with a measured factor per token count;
 - `speeds`: measured tokens per request-second of plain and speculative steps, by batch-size bucket;
 - `optimiser`: given the curves and the costs, the K of each request (no regime state);
 - `probes`: when fallback tries speculation next, spaced by what a trial costs;
+- `explore`: depth explorations at batch 1, which keep the token counts around the choice measured;
 - `regime`: `DepthController`, the trials, fallback, explorations and reservations around the others;
 - `hold`: `FallbackHold`, steady fallback's steps that skip the controller.
 """

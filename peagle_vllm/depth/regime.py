@@ -30,9 +30,7 @@ one):
 While speculating, explorations force `explore_steps` plain steps every `explore_every` steps and soon after a
 trial, and time plain decoding afresh (a plain figure from a slow spell must not keep a losing speculation going;
 until they are timed, no other batch size's figures decide); plain steps are also forced at a batch size whose
-plain speed is not measured yet. At batch 1, depth explorations run the depth beside the chosen one for
-`explore_steps` steps every `depth_explore_every`: a step's cost is not linear in its tokens, and the cost model
-measures each token count's own factor only where a depth runs.
+plain speed is not measured yet. At batch 1, depth explorations (`explore`) run the depth beside the chosen one.
 
 KV lookahead follows each request's own K: `reservation` says how many drafts a request may get at its next choice
 (at most twice its last K, so that K can grow step by step; none in fallback until a probe, which starts where
@@ -49,14 +47,14 @@ import numpy as np
 
 from peagle_vllm.depth.acceptance import Acceptance, RequestStats
 from peagle_vllm.depth.cost import CostModel
+from peagle_vllm.depth.explore import DepthExploration
 from peagle_vllm.depth.optimiser import Weighing, drafts_per_request
 from peagle_vllm.depth.probes import ProbeSchedule, trial_cost
 from peagle_vllm.depth.speeds import MeasuredSpeeds, SpeedsByKind, bucket
 from peagle_vllm.depth.step import Step
 
 # a long trial (`alone_trial_steps`) whose first `probe_steps` steps measure speculation slower than plain decoding
-# by more than this share ends there: where drafting is hopeless, each new request's long trial would cost all its
-# steps, and a request that slow rarely turns
+# by more than this share ends there: a request that slow rarely turns, and each long trial would cost its steps
 CLEAR_LOSS = 1 / 3
 VALUE_DECAY = 0.9  # weight of the past in what arrival trials gained, per trial: rare large gains must weigh in
 VALUE_TRIALS = 4  # arrival trials measured before their value may stop them
@@ -108,9 +106,7 @@ class DepthController:
         self.plain_left = 0  # exploration's forced plain steps still to come
         self.next_explore = options.explore_every  # step of the next exploration while speculating
         self.plain_forced = False  # the latest choice forced a plain step: reserve nothing, so no draft runs
-        self.depth_explore_left = 0  # steps still to run at the explored depth
-        self.depth_explored = 0  # the depth explored
-        self.next_depth_explore = options.depth_explore_every  # step of the next depth exploration
+        self.depth_exploration = DepthExploration(options.depth_explore_every, options.explore_steps, k)
         self.summarized = 0  # `steps` at the latest summary
         self._last = (False, False)  # the latest step opened a stretch of speculation; it ran a draft
         self._expected = 1.0  # tokens per request the latest choice's drafts are expected to emit
@@ -312,7 +308,7 @@ class DepthController:
             if self.plain_left or self.speeds.plain_unmeasured(batch):
                 threshold, self.plain_forced = np.inf, True
         if self.speculating and not self.plain_forced and batch == 1 and not in_trial:
-            threshold, depth = self._explore_depth(threshold, depth)
+            threshold, depth = self.depth_exploration.choose(self.steps, threshold, depth, self.costs_for(sampled))
         short = min(self.opt.probe_k, kmax) if trial and not self.plain_forced else 0  # where the model says no
         caps = [kmax] * batch if caps is None else caps
         out, self._expected = drafts_per_request(curves, threshold, depth, short, self.opt.min_k, caps)
@@ -323,22 +319,6 @@ class DepthController:
         if self.speculating and self.typical_k:
             self.spec_k = self.typical_k
         return out
-
-    def _explore_depth(self, threshold: float, depth: int) -> tuple[float, int]:
-        """(threshold, depth) of a speculative step at batch 1 outside trials: the optimiser's, or in a depth
-        exploration (see the module's doc) every draft up to the depth explored: of the two beside the chosen one,
-        the one whose token count the cost model saw least lately."""
-        if not self.depth_explore_left and self.steps >= self.next_depth_explore:
-            self.next_depth_explore = self.steps + self.opt.depth_explore_every
-            beside = [d for d in (depth - 1, depth + 1) if 1 <= d <= self.opt.max_k]
-            if beside:
-                weights = self.costs_for(self.sampled).token_weights()
-                self.depth_explored = min(beside, key=lambda d: weights.get(1 + d, 0.0))
-                self.depth_explore_left = self.opt.explore_steps
-        if not self.depth_explore_left:
-            return threshold, depth
-        self.depth_explore_left -= 1
-        return 0.0, self.depth_explored
 
     def _start_trial(self, key: int, batch: int, probe: bool) -> None:
         """A trial (a probe, or an arrival trial) begins at this step, in bucket `key`."""
