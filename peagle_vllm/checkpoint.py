@@ -153,11 +153,14 @@ def validate_weights(cfg: HeadConfig, weights: dict[str, torch.Tensor], where: s
 def load_head(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
               target_embeddings: torch.Tensor | None = None) -> PEagleHead:
     """A PEagleHead with the checkpoint's weights. A head saved without `embed_tokens` reads the target's
-    `target_embeddings` [V, H] (left random when they are not given)."""
+    `target_embeddings` [V, H], and is refused without them (random embeddings would draft nonsense)."""
     cfg = read_head_config(path)
     weights = read_tensors(path)
     validate_weights(cfg, weights, str(path))
-    if "embed_tokens.weight" not in weights and target_embeddings is not None:
+    if "embed_tokens.weight" not in weights:
+        if target_embeddings is None:
+            raise CheckpointError(f"{path} shares its target's embeddings (no embed_tokens): pass the target's input "
+                                  "embeddings as target_embeddings")
         weights["embed_tokens.weight"] = target_embeddings
     head = PEagleHead(cfg)
     if "mask_hidden" in weights:

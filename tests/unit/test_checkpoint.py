@@ -91,3 +91,16 @@ def test_d2t_outside_the_target_vocabulary_is_refused(tmp_path: Path) -> None:
     save_file(weights, str(path / "model.safetensors"))
     with pytest.raises(CheckpointError, match="outside the target vocabulary"):
         validate_weights(read_head_config(path), read_tensors(path, ("mask_hidden", "d2t")), str(path))
+
+
+def test_a_head_sharing_its_targets_embeddings_is_refused_without_them(tmp_path: Path) -> None:
+    """Saved without `embed_tokens`, a head loads only with the target's embeddings given (random ones would draft
+    nonsense), and with them drafts as saved."""
+    head = make("depth", k=8, vd=40)
+    save_head(head, tmp_path / "h", verifier="t", dtype=torch.float32, share_embeddings=True)
+    with pytest.raises(CheckpointError, match="target_embeddings"):
+        load_head(tmp_path / "h")
+    loaded = load_head(tmp_path / "h", target_embeddings=head.embed_tokens.weight.detach())
+    ids, aux = torch.randint(0, 100, (2, 4)), torch.randn(2, 4, 96)
+    assert torch.equal(head.draft_block(ids[:, -1], aux[:, -1], ids, aux, 8),
+                       loaded.draft_block(ids[:, -1], aux[:, -1], ids, aux, 8))
