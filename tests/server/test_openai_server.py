@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 import time
@@ -11,6 +13,7 @@ import pytest
 
 from peagle_vllm.harness.runs import generate
 from peagle_vllm.harness.server_process import ServerConfig, running_server, scrape_metrics
+from peagle_vllm.vllm_adapter.serve import SMALL_MACHINE_CPUS
 
 PROMPT = "import os\nimport sys\n\n\ndef main():\n"
 
@@ -89,6 +92,16 @@ def test_plugin_registered_in_every_vllm_process(server, client) -> None:
     pids = {int(line.split()[0]) for line in server["trace"].read_text().splitlines()}
     assert server["pid"] in pids, "not registered in the API server process"
     assert len(pids) >= 3, f"registered in {len(pids)} processes; expected API server, engine core and worker"
+
+
+def test_the_model_runs_on_every_cpu_of_a_small_machine(server) -> None:
+    """vLLM's CPU backend logs the cores it binds the worker's threads to; on a small machine they are all of them."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) > SMALL_MACHINE_CPUS:
+        pytest.skip(f"{len(cpus)} CPUs: vLLM's own reservation stands")
+    bound = re.search(r"core ids=\[([\d, ]+)\]", server["log"].read_text())
+    assert bound, "no thread binding in the server's log"
+    assert [int(c) for c in bound.group(1).split(",")] == cpus
 
 
 def test_bad_speculative_config_is_one_clear_line(demo) -> None:
