@@ -52,7 +52,8 @@ def give_the_model_every_cpu(environ: MutableMapping[str, str] | None = None) ->
     server processes, which here leaves the model one core of two (docs/smollm2-results.md, "Served: the model on
     both cores")."""
     environ = os.environ if environ is None else environ
-    if len(os.sched_getaffinity(0)) <= SMALL_MACHINE_CPUS:
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # (macOS)
+    if usable <= SMALL_MACHINE_CPUS:
         environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
 
 

@@ -22,3 +22,11 @@ def test_the_users_reservation_stands(monkeypatch) -> None:
     environ = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
     serve.give_the_model_every_cpu(environ)
     assert environ == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
+
+
+def test_without_cpu_affinity_the_cpu_count_decides(monkeypatch) -> None:
+    monkeypatch.delattr(os, "sched_getaffinity")
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    environ: dict[str, str] = {}
+    serve.give_the_model_every_cpu(environ)
+    assert environ == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
