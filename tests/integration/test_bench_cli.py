@@ -22,6 +22,8 @@ def test_bench_screen_is_its_table_and_files_without_vllm_logs(demo, tmp_path: P
     assert run.returncode == 0, run.stderr[-3000:]
     screen = run.stdout + run.stderr
     assert " INFO " not in screen and "Loading safetensors" not in screen, screen[:2000]
+    # vLLM's import-time warnings (before its logger is configured) and torch's C++ ones stay off it too
+    assert "Triton is installed" not in screen and "] Warning:" not in screen, screen[:2000]
     assert "| offline | p_eagle-depth | 2 | 1 |" in run.stdout and f"written: {out}/bench.md" in run.stdout
     rows = json.loads((out / "bench.json").read_text())["rows"]
     assert {(r["mode"], r["k"]) for r in rows} == {("no-spec", 0), ("p_eagle-depth", 2)}
