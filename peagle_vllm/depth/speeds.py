@@ -105,13 +105,13 @@ class MeasuredSpeeds:
         speeds = self.measured(batch)
         return None if speeds is None else (speeds[0].value, speeds[1].value)
 
-    def speculation_faster(self, batch: int, speculating: bool) -> bool | None:
-        """Whether speculation measures faster than plain decoding at about this batch size; None before both are
-        measured. A tie keeps the current regime (`speculating`): speeds within `TIE` of each other (a switch costs
-        a step each way), or, beyond batch 1, within `NOISE_Z` standard errors of their difference (`Speed.error`;
-        a figure of one step has none), where the noise of the steps timed could have made it. At batch 1 `TIE`
-        alone: there each request's own trial times speculation afresh, and a wider tie would keep a losing
-        speculation going for the rest of the request."""
+    def verdict(self, batch: int) -> int | None:
+        """1 where speculation measures faster than plain decoding at about this batch size, -1 where slower, 0 a
+        tie; None before both are measured. A tie: speeds within `TIE` of each other (a switch costs a step each
+        way), or, beyond batch 1, within `NOISE_Z` standard errors of their difference (`Speed.error`; a figure of
+        one step has none), where the noise of the steps timed could have made it. At batch 1 `TIE` alone: there
+        each request's own trial times speculation afresh, and a wider tie would keep a losing speculation going
+        for the rest of the request."""
         speeds = self.measured(batch)
         if speeds is None:
             return None
@@ -119,8 +119,14 @@ class MeasuredSpeeds:
         errors = [s.error for s in speeds]
         noise = NOISE_Z * sum(e * e for e in errors if e is not None) ** 0.5 if batch > 1 else 0.0  # (see above)
         if abs(spec - plain) <= max(TIE * plain, noise):
-            return speculating
-        return spec > plain
+            return 0
+        return 1 if spec > plain else -1
+
+    def speculation_faster(self, batch: int, speculating: bool) -> bool | None:
+        """Whether speculation measures faster than plain decoding at about this batch size (`verdict`), a tie
+        keeping the current regime (`speculating`); None before both are measured."""
+        verdict = self.verdict(batch)
+        return None if verdict is None else speculating if verdict == 0 else verdict > 0
 
     def plain_unmeasured(self, batch: int) -> bool:
         """No plain decode step has been timed at about this batch size yet (a new load level)."""
