@@ -2,13 +2,15 @@
 no-speculation path: no spec-decode metadata (vLLM's speculative path builds it on every step, drafts
 or none), no rejection sampler, no drafter, no auxiliary hidden states in the target's forward, no request
 for draft token ids, no draft lookahead in the KV allocation, and most steps not even a choice of the
-controller; outputs stay those of plain decoding."""
+controller; outputs stay those of plain decoding. Its sampling is that of the token after the drafts (on CPU,
+top-p decided from each row's most likely tokens rather than vLLM's sort of the whole vocabulary)."""
 
 from __future__ import annotations
 
 from peagle_vllm.depth import FallbackHold
 from peagle_vllm.harness.runs import close_llm, make_llm
 from peagle_vllm.vllm_adapter.v1 import rollback_hook
+from peagle_vllm.vllm_adapter.v1.bonus_sampler import CandidateTopKTopP
 from peagle_vllm.vllm_adapter.v1.runner_hook import PLAIN_STEP_ATTR
 from peagle_vllm.vllm_adapter.v1.sampler import PEagleRejectionSampler
 
@@ -100,3 +102,41 @@ def test_a_step_in_fallback_skips_the_speculative_machinery(tiny, monkeypatch) -
     assert seen["aux when speculating"] > 0, seen  # the spy sees them where they are captured
     speculative_machinery = ("spec metadata", "rejection sampler", "draft", "drafts asked for", "aux hidden states")
     assert all(seen[key] == 0 for key in speculative_machinery), seen
+
+
+def test_a_sampled_step_in_fallback_decides_top_p_from_candidates(tiny, monkeypatch) -> None:
+    """Sampled requests (T=1, top-p 0.9) in fallback: every plain step's top-p mask comes from `CandidateTopKTopP`
+    (vLLM's plain sampler would sort the whole vocabulary of each row), and the runner's own sampler is back after
+    each step."""
+    from vllm import SamplingParams
+    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+
+    from peagle_vllm.plugin import register
+
+    register()
+    seen = {"candidate masks": 0, "sorting samplers with top-p": 0}
+    # (vLLM's sampler picks its platform's method at init: `forward_cpu` here)
+    candidate_forward, sorting_forward = CandidateTopKTopP.forward, TopKTopPSampler.forward_cpu
+
+    def candidates(self, logits, generators, k, p):
+        seen["candidate masks"] += p is not None
+        return candidate_forward(self, logits, generators, k, p)
+
+    def sorting(self, logits, generators, k, p):
+        seen["sorting samplers with top-p"] += p is not None
+        return sorting_forward(self, logits, generators, k, p)
+
+    monkeypatch.setattr(CandidateTopKTopP, "forward", candidates)
+    monkeypatch.setattr(TopKTopPSampler, "forward_cpu", sorting)
+    llm = make_llm(str(tiny["target"]), {"method": "p_eagle", "model": str(tiny["depth"]), "num_speculative_tokens": 8})
+    try:
+        prompts = [f"def g{i}(y):\n" for i in range(4)]
+        outs = llm.generate(prompts, SamplingParams(temperature=1.0, top_p=0.9, max_tokens=64, ignore_eos=True),
+                            use_tqdm=False)
+        runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+        assert runner.sampler is not runner.rejection_sampler.bonus_sampler, "the runner's sampler is put back"
+    finally:
+        close_llm(llm)
+    assert all(len(o.outputs[0].token_ids) == 64 for o in outs)
+    assert seen["candidate masks"] > 40, seen  # of some 64 steps, nearly all plain after the opening trial
+    assert seen["sorting samplers with top-p"] == 0, seen

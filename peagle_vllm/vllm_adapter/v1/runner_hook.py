@@ -8,9 +8,9 @@ scheduler (which sends it on to the front end's metrics), an async output once i
 CPU generators saved by `generator_hook` are put back after it.
 A plain step (adaptive depth: nothing to verify and no draft to follow, every request in fallback)
 runs `execute_model` and `sample_tokens` with the runner's speculative config set aside, i.e. on
-vLLM's own no-speculation path: no spec-decode metadata, vLLM's plain sampler, no drafter, and a target
-forward without the auxiliary hidden states only the head reads (and the engine core does not ask for
-draft token ids after a depth-0 step: `scheduler_hook`'s post_step).
+vLLM's own no-speculation path: no spec-decode metadata, no drafter, and a target forward without the
+auxiliary hidden states only the head reads (and the engine core does not ask for draft token ids after a
+depth-0 step: `scheduler_hook`'s post_step); it samples as the token after the drafts is sampled (`bonus_sampler`).
 """
 
 from __future__ import annotations
@@ -102,19 +102,22 @@ def _aux_holder(runner):
 
 
 def _call_plain(runner, call, args: tuple, kwargs: dict, holder=None):
-    """`call(runner, *args, **kwargs)` with the runner as vLLM builds it without a speculative config; given the
-    `_aux_holder`, also a target forward without the auxiliary hidden states only the draft head reads (a plain
-    step runs no draft, and the head's catch-up computes its tokens again; each captured layer is one more
+    """`call(runner, *args, **kwargs)` with the runner as vLLM builds it without a speculative config, sampling
+    with the sampler of the token after the drafts (`bonus_sampler`: vLLM's own, on CPU with top-k/top-p decided
+    from each row's most likely tokens; the same mask, so the same tokens, as vLLM's sort of the whole vocabulary);
+    given the `_aux_holder`, also a target forward without the auxiliary hidden states only the draft head reads (a
+    plain step runs no draft, and the head's catch-up computes its tokens again; each captured layer is one more
     tensor operation per forward: in this engine at c=4, some 20 us of a 4.7 ms step). Plain try/finally rather
     than context managers: this runs on every step in fallback."""
     saved, runner.speculative_config = runner.speculative_config, None
+    sampler, runner.sampler = runner.sampler, runner.rejection_sampler.bonus_sampler
     if holder is not None:
         layers, holder.aux_hidden_state_layers = holder.aux_hidden_state_layers, ()
         runner.use_aux_hidden_state_outputs = False
     try:
         return call(runner, *args, **kwargs)
     finally:
-        runner.speculative_config = saved
+        runner.speculative_config, runner.sampler = saved, sampler
         if holder is not None:
             holder.aux_hidden_state_layers, runner.use_aux_hidden_state_outputs = layers, True
 
