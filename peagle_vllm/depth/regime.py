@@ -3,9 +3,9 @@
 Measured speeds (`speeds`, of greedy and of sampled batches apart, as a sampled step costs more) decide between the
 regimes: while speculation measures slower than plain decoding, every request is at K=0 (fallback: no draft runs at
 all); while it measures faster, the optimiser picks each K; within `TIE` the current regime stays, and a trial ends
-speculating (a request at batch 1 that falls back stays so for its life, often while its text grows predictable),
-except that beyond batch 1 a tie while speculating is the model's to decide, a plain step among its candidates (held
-to speculation, the optimiser drafts for the whole batch to verify the one likeliest draft where none pays). In
+speculating (a request at batch 1 that falls back stays so for its life, often while its text grows predictable);
+beyond batch 1 a tie while speculating is the model's to decide, plain steps among its candidates (held to speculation,
+it would draft for the whole batch to verify the one likeliest draft where none pays). In
 fallback only a trial resumes speculation: speculation's figure there is as old as its last stretch, and a slow spell of
 the machine, slowing the plain steps timed now, would read as a gain. Timed are steady decode steps only: no prompt in
 them, and none of a switch's steps (the opening draft with nothing to verify, which also carries the head's catch-up,
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from peagle_vllm.depth.acceptance import Acceptance, RequestStats
+from peagle_vllm.depth.acceptance import Acceptance
 from peagle_vllm.depth.cost import CostModel
 from peagle_vllm.depth.explore import DepthExploration
 from peagle_vllm.depth.optimiser import Weighing, drafts_per_request
@@ -125,10 +125,6 @@ class DepthController:
     def observe(self, req_ids: list[str], num_drafts: list[int], num_accepted: list[int]) -> None:
         """A step's verification results (`Acceptance.observe`)."""
         self.acceptance.observe(req_ids, num_drafts, num_accepted)
-
-    def _stats(self, req_id: str) -> RequestStats:
-        """The request's record (`Acceptance.stats`), made on first use."""
-        return self.acceptance.stats(req_id)
 
     def forget(self, req_id: str) -> None:
         self.acceptance.forget(req_id)
@@ -285,12 +281,11 @@ class DepthController:
             self.trial_left, in_trial = 0, False  # decided as a probe's trial is (below)
         if in_trial:
             self.tried.add(key)
-        # measured speeds overrule the model both ways, outside trials and explorations (whose plain figure is being
-        # timed afresh: a neighbouring batch size's figures would stand in meanwhile); a trial's tie keeps speculating
-        timed_afresh = in_trial or self.plain_left
-        faster = True if timed_afresh else self.speculation_measured_faster(batch)
-        # beyond batch 1, a tie while speculating is the model's to decide (see the module's doc)
-        tied = not timed_afresh and batch > 1 and self.speculating and self.speeds.verdict(batch) == 0
+        # measured speeds overrule the model both ways, outside trials and explorations (timed afresh: a neighbour's
+        # figures would stand in); a trial's tie speculates; beyond batch 1 a tie while speculating is the model's
+        faster = True if in_trial or self.plain_left else self.speculation_measured_faster(batch)
+        speculate = bool(faster) and not (batch > 1 and self.speculating and not (in_trial or self.plain_left)
+                                          and self.speeds.verdict(batch) == 0)
         if faster and not self.speculating and not in_trial:
             # in fallback only a trial resumes speculation (see the module's doc): the trial comes early instead
             self.probes.bring_forward(self.steps)
@@ -299,8 +294,7 @@ class DepthController:
             return self._stay_in_fallback(req_ids)
         curves = self.acceptance.curves(req_ids)
         threshold, depth = self._weighing.weigh(curves, self.costs_for(sampled), self._lookahead_rows, self.steps,
-                                                speculate=bool(faster) and not tied,
-                                                may_keep=bool(faster) and not in_trial)
+                                                speculate=speculate, may_keep=bool(faster) and not in_trial)
         if faster is False:
             threshold = np.inf
         if self.speculating and threshold == np.inf:

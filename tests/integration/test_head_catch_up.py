@@ -23,7 +23,7 @@ def _force_gap(monkeypatch, head_idle: bool) -> None:
         ks = CHOOSE(self, req_ids, caps, sampled)
         if self.steps in GAP:
             for rid in req_ids:
-                self._stats(rid).last_k = 0
+                self.acceptance.stats(rid).last_k = 0
             return [0] * len(req_ids)
         return ks
 
