@@ -4,8 +4,8 @@ Measured speeds (`speeds`, of greedy and of sampled batches apart, as a sampled 
 regimes: while speculation measures slower than plain decoding, every request is at K=0 (fallback: no draft runs at
 all); while it measures faster, the optimiser picks each K; within `TIE` the current regime stays, and a trial ends
 speculating (a request at batch 1 that falls back stays so for its life, often while its text grows predictable);
-beyond batch 1 a tie while speculating is the model's to decide, plain steps among its candidates (held to speculation,
-it would draft for the whole batch to verify the one likeliest draft where none pays). In
+beyond batch 1 a tie whose drafts would reach a quarter of the batch or less falls back (the head would draft for the
+whole batch to verify the likeliest few, often one draft where none pays). In
 fallback only a trial resumes speculation: speculation's figure there is as old as its last stretch, and a slow spell of
 the machine, slowing the plain steps timed now, would read as a gain. Timed are steady decode steps only: no prompt in
 them, and none of a switch's steps (the opening draft with nothing to verify, which also carries the head's catch-up,
@@ -282,10 +282,9 @@ class DepthController:
         if in_trial:
             self.tried.add(key)
         # measured speeds overrule the model both ways, outside trials and explorations (timed afresh: a neighbour's
-        # figures would stand in); a trial's tie speculates; beyond batch 1 a tie while speculating is the model's
+        # figures would stand in); a trial's tie speculates; beyond batch 1 see the module's doc for a tie's drafts
         faster = True if in_trial or self.plain_left else self.speculation_measured_faster(batch)
-        speculate = bool(faster) and not (batch > 1 and self.speculating and not (in_trial or self.plain_left)
-                                          and self.speeds.verdict(batch) == 0)
+        tied = batch > 1 and self.speculating and not (in_trial or self.plain_left) and self.speeds.verdict(batch) == 0
         if faster and not self.speculating and not in_trial:
             # in fallback only a trial resumes speculation (see the module's doc): the trial comes early instead
             self.probes.bring_forward(self.steps)
@@ -294,8 +293,8 @@ class DepthController:
             return self._stay_in_fallback(req_ids)
         curves = self.acceptance.curves(req_ids)
         threshold, depth = self._weighing.weigh(curves, self.costs_for(sampled), self._lookahead_rows, self.steps,
-                                                speculate=speculate, may_keep=bool(faster) and not in_trial)
-        if faster is False:
+                                                speculate=bool(faster), may_keep=bool(faster) and not in_trial)
+        if faster is False or tied and 4 * sum(curves.reaching(r, threshold, depth) > 0 for r in range(batch)) <= batch:
             threshold = np.inf
         if self.speculating and threshold == np.inf:
             self._enter_fallback(key, batch)

@@ -87,7 +87,9 @@ def test_in_fallback_new_batches_larger_than_one_get_no_trial_of_their_own() -> 
     arrival, nor a draft over their prompts, once the engine's opening speculation is over; the spaced
     probes, mid-wave, remain, at 0.5% of the time (before: 2%, and 0.96 of plain decoding's speed here)."""
     ratio, drafted = waves(alpha=0.6, draft_overhead=1.2, batches=[4] * 8 + [16] * 8)
-    opened = [wave for wave, steps in enumerate(drafted) if wave > 1 and {0, 1} & set(steps)]
+    # (a probe that began at the end of the wave before may run on into a wave's first steps: not an arrival's trial)
+    opened = [wave for wave, steps in enumerate(drafted)
+              if wave > 1 and {0, 1} & set(steps) and not {62, 63} & set(drafted[wave - 1])]
     assert not opened, f"waves that drafted over their prompts or first tokens: {opened}"
     assert ratio > 0.97
 
