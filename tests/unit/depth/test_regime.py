@@ -411,7 +411,8 @@ def test_a_large_batch_where_no_draft_pays_falls_back_though_noisy_speeds_tie() 
     path a third of a step's fixed cost: K=1 runs at 0.85x plain decoding, and the likeliest single draft (the
     least a speculative step can verify) still loses. With step times this noisy the measured speeds tie; held to
     speculation by the tie, the controller would draft for the whole batch on most steps (down to 0.89x plain
-    decoding); the cost model decides such a tie, and every engine settles in fallback."""
+    decoding); a tie whose drafts reach a quarter of the batch or less falls back, and every engine settles in
+    fallback."""
     plain_speed = 16 / (1 + 0.12 * 16)
     for seed in range(6):
         engine = Engine(DepthController(DepthOptions(max_k=8)), LinearCosts(1.0, 0.12, 0.3, 0.0, 0.2), seed)
