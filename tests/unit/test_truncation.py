@@ -47,6 +47,24 @@ def test_a_top_k_beyond_the_candidates_renormalises_top_p_over_tokens_they_do_no
     assert not torch.equal(expected, truncation.by_sorting(logits, None, top_p)), "top-k changes the top-p cut"
 
 
+def test_rows_the_candidates_leave_undecided_try_eight_times_as_many_before_a_sort(monkeypatch) -> None:
+    """Row 0's top-p mass lies within its 64 most likely tokens, row 1's within 512 (decided by the wider tier, not
+    sorted), row 2's beyond them (sorted): the mask is sorting's for all three."""
+    logits = torch.zeros(3, V)
+    logits[0, :10] = torch.linspace(8.0, 7.9, 10)
+    logits[1, :300] = torch.linspace(6.0, 5.9, 300)
+    logits[2] = torch.linspace(0.01, 0.0, V)
+    top_p = torch.full((3,), 0.9)
+    sorted_rows = []
+    by_sorting = truncation.by_sorting
+    monkeypatch.setattr(truncation, "by_sorting", lambda x, *a: sorted_rows.append(x.shape[0]) or by_sorting(x, *a))
+    got = truncation.by_candidates(logits, None, top_p, candidates=64)
+    assert sorted_rows == [1]
+    assert torch.equal(got, by_sorting(logits, None, top_p))
+    kept = (~got).sum(-1).tolist()
+    assert kept[0] <= 64 < kept[1] <= 512 < kept[2]
+
+
 def test_target_probs_is_the_same_either_way() -> None:
     logits = _rows(8, 7)
     temperature, top_p = torch.full((8,), 0.8), torch.full((8,), 0.9)
