@@ -332,30 +332,42 @@ def _spread(row: dict | None) -> str:
 
 
 def write_plots(rows: list[dict], out_dir: Path) -> None:
-    """speedup_vs_k.png (per concurrency, greedy: each mode's `vs_no_spec` against K) and
-    per_position_acceptance.png (the largest K's acceptance by draft position, lowest concurrency, greedy)."""
+    """speedup_vs_k.png (per concurrency: each mode's `vs_no_spec` against K) and per_position_acceptance.png (the
+    largest K's acceptance by draft position, lowest concurrency), both greedy, or at the lowest temperature
+    measured where no cell is greedy."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    concs = sorted({r["concurrency"] for r in rows})
+    temperature = min(r["temperature"] for r in rows)
+    cells = [r for r in rows if r["temperature"] == temperature]
+    kind = "greedy" if temperature == 0 else f"T={temperature:g}"
+    concs = sorted({r["concurrency"] for r in cells})
     fig, axes = plt.subplots(1, len(concs), figsize=(5 * len(concs), 4), squeeze=False)
     for ax, conc in zip(axes[0], concs):
-        for interface, mode in sorted({(r["interface"], r["mode"]) for r in rows if r["k"]}):
-            pts = sorted((r["k"], r["vs_no_spec"]) for r in rows if r["mode"] == mode and r["interface"] == interface
-                         and r["concurrency"] == conc and r["temperature"] == 0)
+        for interface, mode in sorted({(r["interface"], r["mode"]) for r in cells if r["k"]}):
+            pts = sorted((r["k"], r["vs_no_spec"]) for r in cells if r["mode"] == mode and r["interface"] == interface
+                         and r["concurrency"] == conc)
             if pts:
                 ax.plot(*zip(*pts), marker="o", ls="--" if interface == "served" else "-",
                         label=mode if interface == "offline" else f"{mode} (served)")
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xscale("log", base=2), ax.set_xlabel("K"), ax.set_ylabel("speedup vs no speculation")
-        ax.set_title(f"concurrency {conc}, greedy"), ax.legend(fontsize=7)
+        ax.set_title(f"concurrency {conc}, {kind}")
+        _legend(ax)
     fig.tight_layout(), fig.savefig(out_dir / "speedup_vs_k.png", dpi=80), plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for r in rows:
-        if (r["k"] == max(x["k"] for x in rows) and r["concurrency"] == concs[0] and r["temperature"] == 0
-                and r["per_position"]):
+    deepest = max(r["k"] for r in cells)
+    for r in cells:
+        if r["k"] == deepest and r["concurrency"] == concs[0] and r["per_position"]:
             ax.plot(range(1, len(r["per_position"]) + 1), r["per_position"], marker=".", label=r["mode"])
-    ax.set_xlabel("draft position"), ax.set_ylabel("acceptance rate"), ax.legend(fontsize=7)
+    ax.set_xlabel("draft position"), ax.set_ylabel("acceptance rate"), ax.set_title(kind)
+    _legend(ax)
     fig.tight_layout(), fig.savefig(out_dir / "per_position_acceptance.png", dpi=80), plt.close(fig)
+
+
+def _legend(ax) -> None:
+    """The axes' legend, where something was drawn with a label (an empty legend is a warning on the screen)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)

@@ -93,3 +93,20 @@ def test_acceptance_is_summed_from_each_outputs_own_histogram() -> None:
     figures = request_spec_figures([out([1, 0, 2, 0], 9), out([0, 1, 0], 2), out([0], 0)])
     assert (figures.drafts, figures.draft_tokens, figures.accepted) == (4, 11, 5)
     assert figures.acceptance_length == 1 + 5 / 4 and figures.per_position == [3, 2, 0]
+
+
+def test_a_run_without_greedy_cells_plots_its_sampled_ones_and_warns_of_nothing(tmp_path) -> None:
+    import warnings
+
+    from PIL import Image
+
+    from peagle_vllm.harness.bench import write_plots
+
+    rows = [dict(_row("no-spec", 0, 20.0), temperature=1.0, vs_no_spec=1.0, per_position=[]),
+            dict(_row("p_eagle-depth", 2, 30.0), temperature=1.0, vs_no_spec=1.5, per_position=[0.4, 0.1])]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib warns of a legend with nothing in it
+        write_plots(rows, tmp_path)
+    for name in ("speedup_vs_k.png", "per_position_acceptance.png"):
+        pixels = Image.open(tmp_path / name).convert("L").getextrema()
+        assert pixels[0] < 128 < pixels[1], f"{name} has something drawn on it"
