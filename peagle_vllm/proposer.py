@@ -25,15 +25,16 @@ def sample_drafts(logits: torch.Tensor, draft_to_target: torch.Tensor | None, te
 
     temperature [B]: None when every request is greedy (vLLM's host-side all_greedy), else rows <= 0 are
     greedy (argmax drafts, one-hot q); top_k, top_p [B] or None: the requests' own, applied to q over the draft
-    vocabulary (`verify.target_probs`, with `candidates` as there: CPU only); draft_to_target [Vd] maps draft
-    ids to target ids (None: identical vocabularies). generators maps a request row to its seeded generator."""
+    vocabulary (`verify.target_probs`; with `candidates`, CPU only, a row they do not decide keeps them: q need
+    only resemble the cut distribution); draft_to_target [Vd] maps draft ids to target ids (None: identical
+    vocabularies). generators maps a request row to its seeded generator."""
     b, k, vd = logits.shape
     greedy_ids = logits.argmax(-1)
     if temperature is None:
         ids, q = greedy_ids, None
     else:
         per_row = [None if x is None else x.repeat_interleave(k) for x in (temperature, top_k, top_p)]
-        q_draft = target_probs(logits.reshape(b * k, vd), *per_row, candidates=candidates).view(b, k, vd)
+        q_draft = target_probs(logits.reshape(b * k, vd), *per_row, candidates=candidates, resemble=True).view(b, k, vd)
         row_gens = {r * k + j: g for r, g in (generators or {}).items() for j in range(k)} if generators else None
         sampled = sample_rows(q_draft.view(b * k, vd), row_gens).view(b, k)
         is_greedy = (temperature <= 0).view(b, 1)

@@ -7,6 +7,10 @@ cut or top-p mass falls among them (at T=1, top-p 0.9 a language model's row usu
 undecided try `WIDER` times as many, and only what is left then is sorted: sorting a 49k vocabulary is ~3.5 ms a
 row on a CPU core, its 256 most likely tokens ~0.1 ms, its 2,048 ~0.4 ms. Picking the undecided rows reads the
 device, so callers use it only where that is free (CPU tensors).
+
+A third way, `within_candidates`, makes `by_candidates`' mask where the candidates decide a row and keeps only the
+candidates where they do not: not the exact mask, for distributions that need only resemble the cut one (a draft's
+q, which verification corrects losslessly whatever it is; a weak head's rows are often too flat for 256 tokens).
 """
 
 from __future__ import annotations
@@ -43,6 +47,30 @@ def by_candidates(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch
     """`by_sorting`'s mask from each row's `candidates` most likely tokens; rows they do not decide (top-k beyond
     them, or their mass short of top_p) try `WIDER` times as many, and are sorted whole once that would reach the
     vocabulary. Reads the device: for CPU tensors."""
+    vocab = logits.shape[-1]
+    remove, undecided, _ = _cut_among_candidates(logits, top_k, top_p, candidates)
+    to_sort = undecided.nonzero().squeeze(-1)  # the host read
+    if to_sort.numel():
+        rows, k_rows, p_rows = (logits[to_sort], None if top_k is None else top_k[to_sort],
+                                None if top_p is None else top_p[to_sort])
+        wider = WIDER * min(candidates, vocab)
+        remove[to_sort] = (by_candidates(rows, k_rows, p_rows, wider) if wider < vocab
+                           else by_sorting(rows, k_rows, p_rows))
+    return remove
+
+
+def within_candidates(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
+                      candidates: int) -> torch.Tensor:
+    """`by_candidates`' mask on the rows the candidates decide; a row they do not decide keeps its candidates (and
+    tokens tied with the last) and nothing else. Reads nothing back to the host."""
+    remove, undecided, top = _cut_among_candidates(logits, top_k, top_p, candidates)
+    return torch.where(undecided.unsqueeze(-1), logits < top[:, -1:], remove)
+
+
+def _cut_among_candidates(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
+                          candidates: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(remove [N, V], undecided [N], top [N, c]): sorting's mask on the rows each row's c = `candidates` most likely
+    tokens (`top`, descending) decide, and which rows they leave undecided (their mask is then not sorting's)."""
     n, vocab = logits.shape
     c = min(candidates, vocab)
     top, _ = logits.topk(c, dim=-1)  # [N, c], descending
@@ -53,7 +81,7 @@ def by_candidates(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch
     if top_p is not None:
         # Normaliser: top-k's kept candidates where top-k decides the row, else the whole vocabulary, which is
         # right only without top-k: a top-k beyond the candidates renormalises over tokens not seen here, so such
-        # rows are sorted whole below.
+        # rows are left undecided.
         log_norm = torch.where(decided, top.masked_fill(removed, float("-inf")).logsumexp(-1), logits.logsumexp(-1))
         probs = (top - log_norm.unsqueeze(-1)).exp().masked_fill(removed, 0)
         mass_before = probs.cumsum(-1) - probs
@@ -65,12 +93,4 @@ def by_candidates(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch
         nothing_on = k >= vocab
     lowest_kept = top.masked_fill(removed, float("inf")).amin(-1)  # [N]
     lowest_kept = torch.where(nothing_on, float("-inf"), lowest_kept)
-    remove = logits < lowest_kept.unsqueeze(-1)
-    to_sort = (~decided & ~nothing_on).nonzero().squeeze(-1)  # the host read
-    if to_sort.numel():
-        rows, k_rows, p_rows = (logits[to_sort], None if top_k is None else top_k[to_sort],
-                                None if top_p is None else top_p[to_sort])
-        wider = WIDER * c
-        remove[to_sort] = (by_candidates(rows, k_rows, p_rows, wider) if wider < vocab
-                           else by_sorting(rows, k_rows, p_rows))
-    return remove
+    return logits < lowest_kept.unsqueeze(-1), ~decided & ~nothing_on, top

@@ -72,21 +72,25 @@ class VerifyResult:
 
 def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None = None,
                  top_p: torch.Tensor | None = None, min_p: torch.Tensor | None = None,
-                 candidates: int | None = None) -> torch.Tensor:
+                 candidates: int | None = None, resemble: bool = False) -> torch.Tensor:
     """Sampling distribution [N, V] (float32) from logits [N, V] and per-row parameters [N], in vLLM's
     order: temperature, min-p, then top-k and top-p. Rows with temperature 0 get temperature 1
     (greedy rows never read their probabilities). Per row, top_k <= 0 or >= V, top_p >= 1 and
     min_p <= 0 mean off; None (as vLLM passes when no request uses the option) skips its work.
     candidates: top-k/top-p decided from that many most likely tokens per row (`truncation.by_candidates`,
-    which reads the device: pass it for CPU tensors only); None sorts every row."""
+    which reads the device: pass it for CPU tensors only); None sorts every row. resemble (with candidates): rows the
+    candidates do not decide keep their candidates instead (`truncation.within_candidates`): for a draft's q only."""
     logits = logits.float() / torch.where(temperature > 0, temperature, 1.0).float().unsqueeze(-1)
     if min_p is not None:  # min_p 0: nothing is below 0 * max
         probs = logits.softmax(-1)
         too_small = probs < probs.amax(-1, keepdim=True) * min_p.float().unsqueeze(-1)
         logits = logits.masked_fill(too_small, float("-inf"))
     if top_k is not None or top_p is not None:
-        remove = (truncation.by_sorting(logits, top_k, top_p) if candidates is None
-                  else truncation.by_candidates(logits, top_k, top_p, candidates))
+        if candidates is None:
+            remove = truncation.by_sorting(logits, top_k, top_p)
+        else:
+            cut = truncation.within_candidates if resemble else truncation.by_candidates
+            remove = cut(logits, top_k, top_p, candidates)
         logits = logits.masked_fill(remove, float("-inf"))
     return logits.softmax(-1)
 

@@ -120,3 +120,14 @@ def test_a_requests_top_k_and_top_p_cut_its_q_and_its_drafts_follow_it(candidate
     for _ in range(50):
         ids, q = sample_drafts(logits, DRAFT_TO_TARGET, temperature, None, V, top_k, top_p, candidates)
         assert (q.gather(2, ids.unsqueeze(2)) > 0).all(), "every draft is inside its row's cut"
+
+
+def test_with_candidates_a_row_too_flat_for_them_keeps_them_and_nothing_is_sorted(monkeypatch) -> None:
+    """q need only resemble the cut distribution (verification corrects it): a flat row whose 2 candidates hold less
+    than its top-p keeps those 2, where the target's distribution would be sorted whole."""
+    from peagle_vllm import truncation
+
+    monkeypatch.setattr(truncation, "by_sorting", lambda *a: pytest.fail("a draft row was sorted"))
+    logits = torch.tensor([[[0.3, 0.2, 0.1, 0.0, -0.1]]])  # one request, one draft: 2 tokens hold ~45%
+    _, q = sample_drafts(logits, DRAFT_TO_TARGET, torch.ones(1), None, V, None, torch.tensor([0.9]), candidates=2)
+    assert sorted(torch.nonzero(q[0, 0]).squeeze(-1).tolist()) == sorted(DRAFT_TO_TARGET[:2].tolist())

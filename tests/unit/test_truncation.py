@@ -65,6 +65,20 @@ def test_rows_the_candidates_leave_undecided_try_eight_times_as_many_before_a_so
     assert kept[0] <= 64 < kept[1] <= 512 < kept[2]
 
 
+def test_within_the_candidates_a_row_they_decide_is_cut_as_sorting_cuts_it_and_another_keeps_them() -> None:
+    """A draft's q need only resemble the cut distribution: rows whose top-p mass lies within the 64 candidates get
+    sorting's mask, a flatter row keeps its 64 candidates and nothing else (sorting would keep more)."""
+    logits = torch.zeros(3, V)
+    logits[0, :10] = torch.linspace(8.0, 7.9, 10)
+    logits[1, :300] = torch.linspace(6.0, 5.9, 300)
+    logits[2, :40] = torch.linspace(9.0, 8.0, 40)
+    top_p, top_k = torch.full((3,), 0.9), torch.tensor([0, 0, 20])
+    got = truncation.within_candidates(logits, top_k, top_p, candidates=64)
+    exact = truncation.by_sorting(logits, top_k, top_p)
+    assert torch.equal(got[[0, 2]], exact[[0, 2]])
+    assert torch.equal(~got[1], logits[1] >= logits[1, 63]) and (~exact[1]).sum() > 64
+
+
 def test_target_probs_is_the_same_either_way() -> None:
     logits = _rows(8, 7)
     temperature, top_p = torch.full((8,), 0.8), torch.full((8,), 0.9)
