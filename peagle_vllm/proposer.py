@@ -4,8 +4,8 @@ out the K slots and runs the ONE forward is `vllm_adapter/proposer.py`).
 Greedy requests draft the argmax (one-hot q). Sampled requests draft from q = softmax(logits / T), cut by
 the request's own top-k/top-p where it has them (verification stays lossless for any q; cut as the target's
 distribution is, q puts no mass where the target's has none; on CPU a row too flat for its candidates keeps them,
-`truncation.within_candidates`), and keep q, so the verifier can accept with min(1, p/q). No device tensor is read back to the host: whether any request samples is the caller's host
-fact (temperature None or not).
+`truncation.within_candidates`), and keep q, so the verifier can accept with min(1, p/q). No device tensor is
+read back to the host: whether any request samples is the caller's host fact (temperature None or not).
 """
 
 from __future__ import annotations

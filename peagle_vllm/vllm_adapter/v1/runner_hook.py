@@ -144,8 +144,9 @@ def wrap_execute_model(original):
 def wrap_sample_tokens(original):
     @functools.wraps(original)
     def sample_tokens(self, *args, **kwargs):
-        """Attaches (draft runs, seconds) finished since the last step to this step's output. A plain step samples as vLLM does without speculation (and runs no
-        draft). Either way, the CPU generators `generator_hook` saved are put back afterwards."""
+        """Attaches (draft runs, seconds) finished since the last step to this step's output. A plain step runs no
+        draft and samples as vLLM's runner without speculation does, with the sampler of the token after the drafts
+        (`_call_plain`). Either way, the CPU generators `generator_hook` saved are put back afterwards."""
         try:
             if getattr(self, PLAIN_STEP_ATTR, False):
                 return _call_plain(self, original, args, kwargs)
