@@ -16,10 +16,12 @@ from pathlib import Path
 import torch
 
 from peagle_vllm.config import TOLERANCE_KEYS
+from peagle_vllm.draft_temperature import DraftTemperatureError, checked
 from peagle_vllm.head import HeadConfig, PEagleHead
 
 MASK_TOKEN_KEYS = ("mask_token_id", "pard_token", "ptd_token_id")
 WEIGHTS_FILE = "model.safetensors"
+DRAFT_TEMPERATURE_KEY = "draft_temperature"  # ours: written only when calibrated (not 1)
 
 
 class CheckpointError(ValueError):
@@ -92,10 +94,19 @@ def read_head_config(path: str | os.PathLike) -> HeadConfig:
             fc_norm=bool(top.get("fc_norm", False)),
             norm_output=bool(top.get("norm_output", False)),
             norm_before_residual=bool(top.get("norm_before_residual", False)),
+            draft_temperature=_draft_temperature(top, path),
             extra=declared,
         )
     except KeyError as exc:
         raise CheckpointError(f"{path}/config.json lacks {exc.args[0]!r}: the draft layer's config must give it") from exc
+
+
+def _draft_temperature(top: dict, path) -> float:
+    """The head's calibrated draft temperature (1 when it declares none)."""
+    try:
+        return checked(top.get(DRAFT_TEMPERATURE_KEY, 1.0), f"{path}/config.json: {DRAFT_TEMPERATURE_KEY!r}")
+    except DraftTemperatureError as exc:
+        raise CheckpointError(f"{exc}; fix it or remove the key") from exc
 
 
 def _rename_vllm_layout(name: str) -> str:
@@ -213,6 +224,8 @@ def speculators_config(cfg: HeadConfig, verifier: str, verifier_arch: str = "Lla
     }
     if kind == "peagle":
         out["mask_token_id"] = cfg.mask_token_id
+    if cfg.draft_temperature != 1.0:
+        out[DRAFT_TEMPERATURE_KEY] = cfg.draft_temperature
     return out
 
 

@@ -8,6 +8,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from peagle_vllm.draft_temperature import DraftTemperatureError, checked
 from peagle_vllm.head import HeadConfig
 from peagle_vllm.matmul_dtype import MATMUL_DTYPES
 from peagle_vllm.verify import is_lossy
@@ -17,7 +18,7 @@ MAX_K = 32
 VERIFY_MODES = ("auto", "standard", "block")
 # Keys that are ours; everything else in the dict is handed to vLLM's SpeculativeConfig.
 OWN_KEYS = ("verify", "adaptive", "min_k", "acceptance_warn_below", "verifier_accept_k", "accept_tolerance",
-            "head_matmul_dtype")
+            "head_matmul_dtype", "draft_temperature")
 # speculators' lossy acceptance (GreedyTokenProposalConfig), never taken from a checkpoint: lossless defaults.
 TOLERANCE_KEYS = ("verifier_accept_k", "accept_tolerance")
 # vLLM keys whose meaning conflicts with p_eagle (it sets them itself).
@@ -55,6 +56,7 @@ class PEagleOptions:
     verifier_accept_k: int = 1  # greedy drafts among the target's top k may be accepted (1: exact match only)
     accept_tolerance: float = 0.0  # ... when log p_top - log p_draft <= this (0: exact match only)
     head_matmul_dtype: str = "auto"  # the head's matmuls: bfloat16 on a capable CPU, else its dtype (`matmul_dtype`)
+    draft_temperature: float | None = None  # sampled drafts at T x this (`draft_temperature`); None: the head's own
 
     @property
     def lossy(self) -> bool:
@@ -114,6 +116,12 @@ def split_p_eagle_config(user: dict[str, Any], known_vllm_keys: set[str] | None 
     if matmul_dtype not in MATMUL_DTYPES:
         raise PEagleConfigError(f"{_field('head_matmul_dtype')} is {matmul_dtype!r}: use \"auto\" (bfloat16 matmuls on a "
                                 "CPU that has them, for a float32 head) or \"model\" (the head's own dtype)")
+    draft_temperature = cfg.get("draft_temperature")
+    if draft_temperature is not None:
+        try:
+            draft_temperature = checked(draft_temperature, _field("draft_temperature"))
+        except DraftTemperatureError as exc:
+            raise PEagleConfigError(str(exc)) from exc
     for key, fix in REFUSED_KEYS.items():
         if key in cfg:
             raise PEagleConfigError(f"{_field(key)} cannot be used with p_eagle: {fix}")
@@ -125,7 +133,8 @@ def split_p_eagle_config(user: dict[str, Any], known_vllm_keys: set[str] | None 
                                     f"{', '.join(OWN_KEYS)} plus vLLM's own fields; check the spelling")
     return PEagleOptions(model=model, num_speculative_tokens=k, verify=verify, adaptive=adaptive, min_k=min_k,
                          acceptance_warn_below=float(warn_below), verifier_accept_k=accept_k,
-                         accept_tolerance=float(tolerance), head_matmul_dtype=matmul_dtype), passthrough
+                         accept_tolerance=float(tolerance), head_matmul_dtype=matmul_dtype,
+                         draft_temperature=draft_temperature), passthrough
 
 
 def check_head_fits_target(head: HeadConfig, where: str, target_hidden_size: int, target_vocab_size: int,

@@ -40,6 +40,7 @@ class HeadConfig:
     fc_norm: bool = False  # one RMSNorm per auxiliary state before fc ("depth" variant)
     norm_output: bool = False  # feed post-norm hidden states onward ("depth" variant)
     norm_before_residual: bool = False
+    draft_temperature: float = 1.0  # sampled drafts: T x this (`peagle_vllm.draft_temperature`); a calibration
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -104,3 +104,19 @@ def test_a_head_sharing_its_targets_embeddings_is_refused_without_them(tmp_path:
     ids, aux = torch.randint(0, 100, (2, 4)), torch.randn(2, 4, 96)
     assert torch.equal(head.draft_block(ids[:, -1], aux[:, -1], ids, aux, 8),
                        loaded.draft_block(ids[:, -1], aux[:, -1], ids, aux, 8))
+
+
+def test_a_calibrated_draft_temperature_is_written_read_back_and_checked(tmp_path: Path) -> None:
+    path = _export(tmp_path)
+    assert "draft_temperature" not in json.loads((path / "config.json").read_text())  # uncalibrated: 1
+    assert read_head_config(path).draft_temperature == 1.0
+    head = make()
+    head.cfg.draft_temperature = 0.75
+    save_head(head, path, verifier="t")
+    assert read_head_config(path).draft_temperature == 0.75
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["draft_temperature"] = -1
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="'draft_temperature' must be a number above 0") as err:
+        read_head_config(path)
+    assert "\n" not in str(err.value)

@@ -15,6 +15,8 @@ def test_valid_config_splits_ours_from_vllms() -> None:
                                       {"model", "num_speculative_tokens", "draft_tensor_parallel_size"})
     assert opts.verify == "block" and opts.num_speculative_tokens == 8
     assert rest == {"model": "/heads/x", "num_speculative_tokens": 8, "draft_tensor_parallel_size": 1}
+    assert opts.draft_temperature is None  # the head's own calibration
+    assert split_p_eagle_config({**GOOD, "draft_temperature": 0.6})[0].draft_temperature == 0.6
 
 
 @pytest.mark.parametrize("change,field", [
@@ -34,6 +36,9 @@ def test_valid_config_splits_ours_from_vllms() -> None:
     ({"min_k": -1}, "min_k"),
     ({"acceptance_warn_below": 1.5}, "acceptance_warn_below"),
     ({"head_matmul_dtype": "bfloat16"}, "head_matmul_dtype"),
+    ({"draft_temperature": 0}, "draft_temperature"),
+    ({"draft_temperature": "0.7"}, "draft_temperature"),
+    ({"draft_temperature": float("nan")}, "draft_temperature"),
 ])
 def test_bad_values_name_the_field(change: dict, field: str) -> None:
     cfg = {k: v for k, v in {**GOOD, **change}.items() if v is not None}

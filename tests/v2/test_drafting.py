@@ -93,13 +93,13 @@ class PagedCacheStandIn:
         return normed
 
 
-def _draft(model, inputs, cache_dtype=torch.float32):
+def _draft(model, inputs, cache_dtype=torch.float32, draft_temperature=1.0):
     from peagle_vllm.vllm_adapter.v2.step import draft_step
 
     paged = PagedCacheStandIn(model, inputs)
     with torch.no_grad():
         return draft_step(model, model.mask_states(K - 1), model.draft_to_target, inputs, K, MAX_MODEL_LEN,
-                          cache_dtype, paged.store, paged.run_query)
+                          cache_dtype, paged.store, paged.run_query, draft_temperature)
 
 
 def _reference(head, inputs, r: int, bonus: int):
@@ -142,6 +142,16 @@ def test_one_forward_drafts_equal_the_core_head(make_spec, build_draft_model, na
                                  inputs.target_input_ids[start + 1: last + 1][None],
                                  inputs.aux_hidden[start:last][None], K)
         assert torch.equal(step.tokens[r], block[0])
+
+
+def test_a_draft_temperature_scales_the_cached_logits_and_keeps_greedy_drafts(make_spec, build_draft_model) -> None:
+    model = build_draft_model(make_spec("depth", num_speculative_tokens=K))
+    inputs = _batch()
+    plain, sharpened = _draft(model, inputs), _draft(model, inputs, draft_temperature=0.5)
+    # vLLM's rejection kernel divides the cached logits by the request's T: q = softmax(logits / (T x 0.5))
+    torch.testing.assert_close(sharpened.rounded_logits, plain.rounded_logits * 2)
+    greedy = inputs.temperature[inputs.idx_mapping] <= 0
+    assert greedy.any() and torch.equal(sharpened.tokens[greedy], plain.tokens[greedy])
 
 
 def test_rows_follow_the_eagle_shift_and_depth_layout(make_spec, build_draft_model) -> None:

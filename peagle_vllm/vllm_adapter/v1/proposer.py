@@ -164,6 +164,8 @@ class PEagleProposer(EagleProposer):
         sm = sampling_metadata
         temperature, top_k, top_p = (None if sm.all_greedy or x is None else x[:batch_size]
                                      for x in (sm.temperature, sm.top_k, sm.top_p))
+        if temperature is not None and self.model.draft_temperature != 1.0:  # greedy rows (T <= 0) stay greedy
+            temperature = temperature * self.model.draft_temperature
         drafts, probs = sample_drafts(logits, self._draft_to_target, temperature, sm.generators,
                                       self.model.cfg.vocab_size, top_k, top_p, self._top_p_candidates)
         self._last_draft_probs = probs

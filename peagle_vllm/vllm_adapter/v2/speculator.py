@@ -63,6 +63,8 @@ class PEagleSpeculator(DraftModelSpeculator):
         super().__init__(vllm_config, device)
         self.options = options_of(self.speculative_config)
         self.head = head_of(self.draft_model_config.hf_config)
+        chosen = self.options.draft_temperature  # the speculative config's, else the head's calibration
+        self.draft_temperature = self.head.draft_temperature if chosen is None else chosen
         self.k = self.num_speculative_steps
         self.num_query_per_req = self.k  # rows per request in the draft pass
         self.metrics = VerificationCounts(self.k, device, self.options.acceptance_warn_below)
@@ -198,7 +200,8 @@ class PEagleSpeculator(DraftModelSpeculator):
 
         cache = self.draft_logits
         step = draft_step(self.model, self._mask_states, self._draft_to_target, inputs, k, self.max_model_len,
-                          cache.values.dtype if cache is not None else self.dtype, store_context, run_query)
+                          cache.values.dtype if cache is not None else self.dtype, store_context, run_query,
+                          self.draft_temperature)
         self.num_proposals += 1
         self.num_bad_rows += step.num_bad_rows
         if cache is not None and writes:

@@ -47,11 +47,13 @@ RunQuery = Callable[[layout.QueryRows, torch.Tensor], torch.Tensor]  # (rows, hi
 
 def draft_step(model, mask_states: torch.Tensor, draft_to_target: torch.Tensor | None, inputs: StepInputs, k: int,
                max_model_len: int, cache_dtype: torch.dtype, store_context: StoreContext,
-               run_query: RunQuery) -> DraftStep:
+               run_query: RunQuery, draft_temperature: float = 1.0) -> DraftStep:
     """K drafts per request from ONE call of `run_query`, with no read of device data to the host.
     mask_states [>=K-1, H] (fc of the learned mask states) and draft_to_target [Vd] or None are the head's
     constants, taken once after loading (`model.draft_to_target` reads d2t to the host, so not per step).
-    `store_context` runs before `run_query` (the query attends to the stored context)."""
+    `store_context` runs before `run_query` (the query attends to the stored context). The logits are divided by
+    `draft_temperature` (`peagle_vllm.draft_temperature`) before drafting and caching: vLLM's rejection kernel
+    divides the cached logits by the request's T, so q is softmax(logits / (T x draft_temperature)) there too."""
     b = inputs.num_rejected.shape[0]
     hidden = model.combine_hidden_states(inputs.aux_hidden)  # [N, H]
     bonus = layout.bonus_tokens(inputs.num_sampled, inputs.idx_mapping, inputs.last_sampled,
@@ -61,6 +63,8 @@ def draft_step(model, mask_states: torch.Tensor, draft_to_target: torch.Tensor |
     query = layout.query_rows(inputs.positions, context.last, bonus, k, model.cfg.mask_token_id, max_model_len)
     normed = run_query(query, layout.query_hidden(hidden, context.last, mask_states, k))
     logits = model.draft_logits(normed).view(b, k, -1)  # [B, K, Vd]
+    if draft_temperature != 1.0:  # a greedy row's argmax is unchanged
+        logits = logits / draft_temperature
     per_request = (lambda x: None if x is None else x[inputs.idx_mapping])
     tokens, rounded, bad = drafts.draft_block(logits, draft_to_target, inputs.temperature[inputs.idx_mapping],
                                               cache_dtype, per_request(inputs.top_k), per_request(inputs.top_p))
