@@ -1,4 +1,4 @@
-"""`peagle-vllm` console script: demo, serve, train, eval-acceptance."""
+"""`peagle-vllm` console script: demo, serve, train, eval-acceptance, calibrate-draft, distill, bench."""
 
 from __future__ import annotations
 
@@ -101,6 +101,36 @@ def cmd_eval_acceptance(args: argparse.Namespace) -> None:
     print(json.dumps(report) if args.json else
           f"{args.method} K={args.k}: acceptance length {report['acceptance_length']:.3f}; per position "
           + " ".join(f"{r:.2f}" for r in report["per_position_acceptance"]))
+
+
+def cmd_calibrate_draft(args: argparse.Namespace) -> None:
+    """The head's draft temperature from recorded drafts (`harness.calibrate`); --write stores it."""
+    from peagle_vllm.harness.runs import quiet_vllm, set_cpu_defaults
+
+    set_cpu_defaults()
+    if not args.verbose:
+        quiet_vllm()
+    from peagle_vllm.harness import calibrate
+
+    target = Path(args.target).resolve()
+    draft = Path(args.draft).resolve() if args.draft else _default_draft(target)
+    _check_models(target, draft)
+    prompts = calibrate.calibration_prompts(target, args.prompts, args.source, args.seed)
+    if not args.json:
+        print(f"recording {len(prompts)} {args.source} prompts x {args.max_tokens} tokens at T=1, top-p {args.top_p}, "
+              f"K={args.k} ...")
+    report = calibrate.run(str(target), str(draft), prompts, args.k, args.max_tokens, args.top_p)
+    if args.write:
+        report["written"] = str(calibrate.write(str(draft), report["draft_temperature"]))
+    if args.json:
+        print(json.dumps(report))
+        return
+    scores = report["expected_accepted"]
+    print(f"{report['steps']} steps; expected accepted drafts per step, by draft temperature:")
+    print("  " + "  ".join(f"{s}: {v:.3f}" for s, v in scores.items()))
+    best = report["draft_temperature"]
+    print(f"best: {best} ({scores[str(best)]:.3f} drafts against {scores['1.0']:.3f} at 1.0)"
+          + (f"; written to {report['written']}" if args.write else "; --write stores it in the head's config.json"))
 
 
 def _preflight_serve(vllm_args: list[str]) -> None:
@@ -235,6 +265,23 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=cmd_eval_acceptance)
+
+    from peagle_vllm.harness import calibrate
+
+    c = sub.add_parser("calibrate-draft", help="a head's draft temperature for sampled requests, from recorded drafts")
+    c.add_argument("--target", default=str(DEMO_TARGET))
+    c.add_argument("--draft", help="draft head directory (default: the shipped head trained for --target)")
+    c.add_argument("--k", type=int, default=calibrate.K, help="drafts per step recorded")
+    c.add_argument("--prompts", type=int, default=calibrate.PROMPTS,
+                   help="prompts of --source (training prompts, not held-out ones)")
+    c.add_argument("--source", choices=sorted(SOURCES), default=calibrate.SOURCE)
+    c.add_argument("--max-tokens", type=int, default=calibrate.MAX_TOKENS)
+    c.add_argument("--top-p", type=float, default=calibrate.TOP_P, help="the requests' top-p to calibrate for (at T=1)")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--write", action="store_true", help="store the best factor in the head's config.json")
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--verbose", action="store_true", help="show vLLM's INFO logs")
+    c.set_defaults(func=cmd_calibrate_draft)
 
     t = sub.add_parser("train", help="train a P-EAGLE (or EAGLE-3) head for a target")
     t.add_argument("--target", required=True, help="Hugging Face causal LM directory")

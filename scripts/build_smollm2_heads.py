@@ -13,7 +13,8 @@ precision and batch size. Every head finishes a stage before any head starts the
 leaves heads with equal budgets; on the CPU the build stops, with one line, where the first stage marked `gpu`
 begins. Work goes to --work (default runs/smollm2-heads); when a stage ends, the heads are copied to models/
 (weights, config, train_log.json, loss.png, without the trainer's state), and a comparison plot of the three runs
-to models/smollm2-heads-loss.png.
+to models/smollm2-heads-loss.png. The P-EAGLE heads in models/ then get their draft temperature for sampled
+requests (`peagle-vllm calibrate-draft --write`, which needs vLLM: without it, one line says to run that later).
 Wall time per phase is appended to --work/phases.json.
 
 A head in models/ whose stages end where the next stage begins continues from its exported weights with a fresh
@@ -113,6 +114,23 @@ def _planned_steps(run: Path) -> int:
         return torch.load(run / STATE_DIR / STATE_FILE, weights_only=False)["stages"][-1]["end"]
     log = run / LOG_FILE
     return json.loads(log.read_text())["stages"][-1]["end"] if log.exists() else 0
+
+
+def _calibrate(work: Path, heads: list[Path]) -> None:
+    """Each P-EAGLE head's draft temperature into its config.json (`harness.calibrate`, as calibrate-draft does)."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        print("no vLLM here: run `peagle-vllm calibrate-draft --draft HEAD --write` for " + ", ".join(map(str, heads)))
+        return
+    from peagle_vllm.harness import calibrate
+
+    prompts = calibrate.calibration_prompts(TARGET)
+    for head in heads:
+        t0 = time.time()
+        report = calibrate.run(str(TARGET), str(head), prompts)
+        calibrate.write(str(head), report["draft_temperature"])
+        _record(work, f"draft temperature {head.name}", time.time() - t0, factor=report["draft_temperature"])
 
 
 def _plot(models: Path) -> None:
@@ -217,6 +235,7 @@ def main() -> None:
             shutil.copytree(args.work / name, args.models / name, ignore=shutil.ignore_patterns(STATE_DIR))
         if heads:
             _plot(args.models)
+            _calibrate(args.work, [args.models / name for name in heads if HEADS[name] != "eagle3"])
     if gpu_refusal:
         raise SystemExit(f"the CPU stages are done; {gpu_refusal}")
 
