@@ -59,18 +59,25 @@ def _prompts(target: Path, count: int | None, prompts_file: str | None, seed: in
         _fail(str(exc))
 
 
-def cmd_demo(args: argparse.Namespace) -> None:
-    """No speculation vs p_eagle: tokens/s, speedup, latency, acceptance, lossless check, per concurrency."""
+def _models_for_a_run(args: argparse.Namespace) -> tuple[Path, Path]:
+    """A command that runs vLLM on --target with --draft (default: the shipped head for it): this CPU's engine
+    settings, vLLM's INFO logs out of the way unless --verbose, both models checked (one line if unusable)."""
     from peagle_vllm.harness.runs import quiet_vllm, set_cpu_defaults
 
     set_cpu_defaults()
     if not args.verbose:
         quiet_vllm()
-    from peagle_vllm.harness.demo import render, run_demo
-
     target = Path(args.target).resolve()
     draft = Path(args.draft).resolve() if args.draft else _default_draft(target)
     _check_models(target, draft)
+    return target, draft
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    """No speculation vs p_eagle: tokens/s, speedup, latency, acceptance, lossless check, per concurrency."""
+    target, draft = _models_for_a_run(args)
+    from peagle_vllm.harness.demo import render, run_demo
+
     prompts = _prompts(target, args.prompts, args.prompts_file, args.seed)
     report = run_demo(target, draft, args.k, not args.fixed_k, prompts, args.max_tokens, args.concurrency,
                       log=(lambda *_: None) if args.json else print)
@@ -105,21 +112,17 @@ def cmd_eval_acceptance(args: argparse.Namespace) -> None:
 
 def cmd_calibrate_draft(args: argparse.Namespace) -> None:
     """The head's draft temperature from recorded drafts (`harness.calibrate`); --write stores it."""
-    from peagle_vllm.harness.runs import quiet_vllm, set_cpu_defaults
-
-    set_cpu_defaults()
-    if not args.verbose:
-        quiet_vllm()
+    target, draft = _models_for_a_run(args)
     from peagle_vllm.harness import calibrate
 
-    target = Path(args.target).resolve()
-    draft = Path(args.draft).resolve() if args.draft else _default_draft(target)
-    _check_models(target, draft)
     prompts = calibrate.calibration_prompts(target, args.prompts, args.source, args.seed)
     if not args.json:
         print(f"recording {len(prompts)} {args.source} prompts x {args.max_tokens} tokens at T=1, top-p {args.top_p}, "
               f"K={args.k} ...")
-    report = calibrate.run(str(target), str(draft), prompts, args.k, args.max_tokens, args.top_p)
+    try:
+        report = calibrate.run(str(target), str(draft), prompts, args.k, args.max_tokens, args.top_p)
+    except calibrate.NothingRecorded as exc:
+        _fail(str(exc))
     if args.write:
         report["written"] = str(calibrate.write(str(draft), report["draft_temperature"]))
     if args.json:
@@ -127,7 +130,9 @@ def cmd_calibrate_draft(args: argparse.Namespace) -> None:
         return
     scores = report["expected_accepted"]
     print(f"{report['steps']} steps; expected accepted drafts per step, by draft temperature:")
-    print("  " + "  ".join(f"{s}: {v:.3f}" for s, v in scores.items()))
+    cells = [f"{s:>4}: {v:.3f}" for s, v in scores.items()]
+    for row in range(0, len(cells), 9):
+        print("  " + "   ".join(cells[row:row + 9]))
     best = report["draft_temperature"]
     print(f"best: {best} ({scores[str(best)]:.3f} drafts against {scores['1.0']:.3f} at 1.0)"
           + (f"; written to {report['written']}" if args.write else "; --write stores it in the head's config.json"))

@@ -27,6 +27,10 @@ def calibration_prompts(target: str | Path, count: int = PROMPTS, source: str = 
     return chat_prompts(target, training_prompts(0, count, seed=seed, source=source))
 
 
+class NothingRecorded(RuntimeError):
+    """No step verified all K drafts: nothing to calibrate from."""
+
+
 @contextlib.contextmanager
 def _recording(pairs: list[tuple[torch.Tensor, torch.Tensor]]):
     """While open, each verification of one request's drafts appends (draft logits [K, Vd], target logits [K, V]),
@@ -77,7 +81,7 @@ def record(target: str, draft: str, prompts: list[str], k: int, max_tokens: int,
             close_llm(llm)
     full = [(d, t) for d, t in pairs if d.shape[0] == k]
     if not full:
-        raise RuntimeError("no step verified all K drafts: give more prompts or tokens")
+        raise NothingRecorded(f"no step verified all {k} drafts: give more --prompts or --max-tokens, or a lower --k")
     return torch.stack([t for _, t in full]), torch.stack([d for d, _ in full])
 
 
