@@ -58,6 +58,10 @@ class PEagleOptions:
     head_matmul_dtype: str = "auto"  # the head's matmuls: bfloat16 on a capable CPU, else its dtype (`matmul_dtype`)
     draft_temperature: float | None = None  # sampled drafts at T x this (`draft_temperature`); None: the head's own
 
+    def draft_temperature_for(self, head: HeadConfig) -> float:
+        """The factor on a sampled request's T that its drafts are drawn at: this config's, else the head's own."""
+        return head.draft_temperature if self.draft_temperature is None else self.draft_temperature
+
     @property
     def lossy(self) -> bool:
         """Greedy requests may emit a draft that is not the target's argmax (`verify.within_tolerance`)."""

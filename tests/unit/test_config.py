@@ -15,8 +15,9 @@ def test_valid_config_splits_ours_from_vllms() -> None:
                                       {"model", "num_speculative_tokens", "draft_tensor_parallel_size"})
     assert opts.verify == "block" and opts.num_speculative_tokens == 8
     assert rest == {"model": "/heads/x", "num_speculative_tokens": 8, "draft_tensor_parallel_size": 1}
-    assert opts.draft_temperature is None  # the head's own calibration
-    assert split_p_eagle_config({**GOOD, "draft_temperature": 0.6})[0].draft_temperature == 0.6
+    assert opts.draft_temperature is None and opts.draft_temperature_for(head(draft_temperature=0.75)) == 0.75
+    chosen = split_p_eagle_config({**GOOD, "draft_temperature": 0.6})[0]
+    assert chosen.draft_temperature_for(head(draft_temperature=0.75)) == 0.6  # the config's overrides the head's
 
 
 @pytest.mark.parametrize("change,field", [

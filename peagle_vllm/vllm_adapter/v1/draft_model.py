@@ -117,9 +117,7 @@ class PEagleDraftModel(nn.Module):
         self.config = spec.draft_model_config.hf_config
         self.matmul_dtype = head_matmul_dtype(mark.options.head_matmul_dtype, vllm_config.device_config.device,
                                               spec.draft_model_config.dtype)
-        # sampled drafts at the request's T x this: the speculative config's, else the head's calibration
-        chosen = mark.options.draft_temperature
-        self.draft_temperature = cfg.draft_temperature if chosen is None else chosen
+        self.draft_temperature = mark.options.draft_temperature_for(cfg)  # sampled drafts at the request's T x this
         target_layers = vllm_config.model_config.get_total_num_hidden_layers()
         self.model = PEagleBody(vllm_config, cfg, target_layers, self.matmul_dtype,
                                 prefix=f"{prefix}.model" if prefix else "model")

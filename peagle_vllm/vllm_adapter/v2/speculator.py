@@ -63,8 +63,7 @@ class PEagleSpeculator(DraftModelSpeculator):
         super().__init__(vllm_config, device)
         self.options = options_of(self.speculative_config)
         self.head = head_of(self.draft_model_config.hf_config)
-        chosen = self.options.draft_temperature  # the speculative config's, else the head's calibration
-        self.draft_temperature = self.head.draft_temperature if chosen is None else chosen
+        self.draft_temperature = self.options.draft_temperature_for(self.head)  # sampled drafts at T x this
         self.k = self.num_speculative_steps
         self.num_query_per_req = self.k  # rows per request in the draft pass
         self.metrics = VerificationCounts(self.k, device, self.options.acceptance_warn_below)
