@@ -20,7 +20,7 @@ SCALES = tuple(round(0.2 + 0.05 * i, 2) for i in range(27))  # 0.2 .. 1.5: the f
 
 
 class DraftTemperatureError(ValueError):
-    """A draft temperature that is not a positive finite number; the message names the field and the fix."""
+    """A draft temperature that is not a number in (0, 8]; the message names the field and the fix."""
 
 
 def checked(value, where: str) -> float:
