@@ -37,6 +37,9 @@ STATE_DIR = "trainer"  # inside --out: the resumable state, removed when the run
 STATE_FILE = "trainer_state.pt"
 LOG_FILE = "train_log.json"
 DEPTH_DECAY = 0.8
+# HeadConfig fields a continued head need not share: its draft temperature is calibrated after training, so the new
+# run's head starts uncalibrated (1.0) and is calibrated again.
+NOT_LAYOUT = ("extra", "draft_temperature")
 MAX_SKIPPED = 8  # steps in a row whose loss or gradient is not finite before a run stops as diverged
 
 
@@ -249,12 +252,12 @@ def _plot(history: list[dict], path: Path) -> None:
 
 def _initial_head(path: str, cfg: HeadConfig, embeddings: torch.Tensor) -> tuple[PEagleHead, list[dict], list[dict]]:
     """The head at `path` in float32 with its history and stages (empty for a head without a train_log.json);
-    refused unless its shape and layout equal `cfg`, the run's own."""
+    refused unless its shape and layout equal `cfg`, the run's own (its calibration may differ: NOT_LAYOUT)."""
     from peagle_vllm.checkpoint import load_head
 
     base = load_head(path, target_embeddings=embeddings)
     theirs, ours = asdict(base.cfg), asdict(cfg)
-    differ = [k for k in ours if k != "extra" and theirs[k] != ours[k]]
+    differ = [k for k in ours if k not in NOT_LAYOUT and theirs[k] != ours[k]]
     if differ:
         raise ValueError(f"--init-from {path}: its " + ", ".join(f"{k} is {theirs[k]} (this run: {ours[k]})" for k in differ)
                          + ": pass the --k, --variant, --draft-vocab and --aux-layers it was trained with")

@@ -171,11 +171,13 @@ def test_stage_lr_warms_up_then_decays_to_zero_within_its_stage() -> None:
 
 def test_a_new_run_starts_from_a_finished_heads_weights_and_continues_its_log(tiny, tmp_path: Path) -> None:
     """--init-from: the run's first step sees the exported head (float16-rounded) with its draft vocabulary, its
-    steps, tokens and stages continue the head's log, and a head of another shape is refused by name."""
+    steps, tokens and stages continue the head's log, and a head of another shape is refused by name; a calibrated
+    head is continued, and the new head is uncalibrated (its weights changed)."""
     from tiny_models import TEXT
 
     import peagle_vllm.train.trainer as trainer
     from peagle_vllm.checkpoint import load_head
+    from peagle_vllm.harness import calibrate
 
     data = tmp_path / "data.txt"
     data.write_text(TEXT)
@@ -195,7 +197,10 @@ def test_a_new_run_starts_from_a_finished_heads_weights_and_continues_its_log(ti
     first, frozen = load_head(tmp_path / "first"), load_head(tmp_path / "frozen")
     assert torch.equal(first.d2t, frozen.d2t) and torch.equal(first.t2d, frozen.t2d)
     assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), frozen.state_dict().values()))
+    calibrate.write(str(tmp_path / "first"), 0.75)
+    assert load_head(tmp_path / "first").cfg.draft_temperature == 0.75
     trainer.train(recipe("second", 8), init_from=str(tmp_path / "first"))
+    assert load_head(tmp_path / "second").cfg.draft_temperature == 1.0
     before = json.loads((tmp_path / "first" / "train_log.json").read_text())
     log = json.loads((tmp_path / "second" / "train_log.json").read_text())
     assert [h["step"] for h in log["history"]] == list(range(1, 9))
