@@ -183,7 +183,7 @@ def cmd_train(args: argparse.Namespace) -> None:
                          draft_vocab=args.draft_vocab, aux_layer_ids=aux, self_distill=not args.text_as_is,
                          seed=args.seed, device=args.device, mask_token_id=args.mask_token_id,
                          share_embeddings=args.share_embeddings, checkpoint_every=args.checkpoint_every,
-                         precision=args.precision)
+                         precision=args.precision, depth_decay=args.depth_decay)
     try:
         last = train(recipe, resume=args.resume, init_from=args.init_from)
     except (FileExistsError, ValueError) as exc:
@@ -278,7 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--draft", help="draft head directory (default: the shipped head trained for --target)")
     c.add_argument("--k", type=int, default=calibrate.K, help="drafts per step recorded")
     c.add_argument("--prompts", type=int, default=calibrate.PROMPTS,
-                   help="prompts of --source (training prompts, not held-out ones)")
+                   help=f"prompts of --source from index {calibrate.START} on (past the shipped heads' training "
+                   "prompts; never held-out ones)")
     c.add_argument("--source", choices=sorted(SOURCES), default=calibrate.SOURCE)
     c.add_argument("--max-tokens", type=int, default=calibrate.MAX_TOKENS)
     c.add_argument("--top-p", type=float, default=calibrate.TOP_P, help="the requests' top-p to calibrate for (at T=1)")
@@ -314,6 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--checkpoint-every", type=int, default=50, help="steps between resumable checkpoints")
     t.add_argument("--precision", choices=["float32", "bfloat16"], default="float32",
                    help="bfloat16: the forward under autocast (1.7x faster on CPUs with AVX512-BF16 or AMX)")
+    t.add_argument("--depth-decay", type=float, default=0.8, help="the loss at draft depth d weighs DEPTH_DECAY**d "
+                   "(lower: more of the head's capacity for the first drafts, which acceptance needs most)")
     t.add_argument("--resume", action="store_true", help="continue OUT's run; with a larger --steps after it ended, "
                    "the added steps are a new stage with their own warmup and cosine decay")
     t.add_argument("--init-from", metavar="HEAD", help="start a new run from this head's weights and draft vocabulary "

@@ -104,7 +104,7 @@ def build_runs(t: Target) -> None:
     from peagle_vllm.checkpoint import load_head
     from peagle_vllm.train.data import capture
     from peagle_vllm.train.layout import build_layout
-    from peagle_vllm.train.trainer import head_inputs
+    from peagle_vllm.train.objective import head_inputs
 
     models = REPO / "models"
     tokenizer = AutoTokenizer.from_pretrained(models / t.target)

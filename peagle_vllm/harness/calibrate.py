@@ -1,7 +1,8 @@
 """`peagle-vllm calibrate-draft`: a P-EAGLE head's draft temperature (`peagle_vllm.draft_temperature`), from the
 head's logits and the target's logits at the drafts' positions, recorded in vLLM (one request at a time, fixed K,
-T=1 and the top-p calibrated for, drafts at the head's own logits) on prompts of a training source, never the
-evaluation set's; `--write` stores the best factor in the head's config.json, where vLLM's p_eagle reads it."""
+T=1 and the top-p calibrated for, drafts at the head's own logits) on prompts of a training source that no head
+trained on, never the evaluation set's; `--write` stores the best factor in the head's config.json, where vLLM's
+p_eagle reads it."""
 
 from __future__ import annotations
 
@@ -15,16 +16,19 @@ if TYPE_CHECKING:
     import torch
 
 # torch and the checkpoint code are imported where used: the CLI reads the defaults below when it starts.
-# What a calibration records by default (`peagle-vllm calibrate-draft`, scripts/build_smollm2_heads.py)
-PROMPTS, SOURCE, K, MAX_TOKENS, TOP_P = 32, "questions", 3, 128, 0.9
+# What a calibration records by default (`peagle-vllm calibrate-draft`, scripts/build_smollm2_heads.py). Its prompts
+# are SOURCE's from index START on, past every data set built from that source (DATASETS in the build script).
+PROMPTS, SOURCE, START, K, MAX_TOKENS, TOP_P = 32, "questions", 3072, 3, 128, 0.9
 
 
-def calibration_prompts(target: str | Path, count: int = PROMPTS, source: str = SOURCE, seed: int = 0) -> list[str]:
-    """The first `count` prompts of a training source, through the target's chat template (never held-out ones)."""
+def calibration_prompts(target: str | Path, count: int = PROMPTS, source: str = SOURCE, seed: int = 0,
+                        start: int = START) -> list[str]:
+    """`count` prompts of a training source from index `start` on, through the target's chat template (never
+    held-out ones)."""
     from peagle_vllm.harness.prompts import chat_prompts
     from peagle_vllm.train.prompts import training_prompts
 
-    return chat_prompts(target, training_prompts(0, count, seed=seed, source=source))
+    return chat_prompts(target, training_prompts(start, start + count, seed=seed, source=source))
 
 
 class NothingRecorded(RuntimeError):

@@ -17,7 +17,7 @@ def acceptance_curve(head: PEagleHead, ids: torch.Tensor, aux: torch.Tensor, tar
     """[K] share of anchors whose first d+1 drafts are all accepted, for d = 0..K-1 (its sum + 1 is the
     acceptance length at K). ids [B, T], aux [B, T, 3*Ht], target_logits [B, T, Vd] (over the draft
     vocabulary), loss_mask [B, T]: the positions whose next token is a response token."""
-    from peagle_vllm.train.trainer import head_inputs
+    from peagle_vllm.train.objective import head_inputs
 
     layout = build_layout(ids.shape[1], k, 1.0, 1.0)
     slot_ids, hidden, positions = head_inputs(head, layout, ids, aux)

@@ -31,12 +31,11 @@ from peagle_vllm.train.capture import CapturedConversations, cache_dir_for, capt
 from peagle_vllm.train.data import (WindowSampler, capture, is_conversation_dir, load_token_stream,
                                     read_conversations, self_distill)
 from peagle_vllm.train.layout import SlotLayout, build_layout
-from peagle_vllm.train.objective import draft_vocabulary, kl_at_positions
+from peagle_vllm.train.objective import DEPTH_DECAY, draft_vocabulary, step_loss
 
 STATE_DIR = "trainer"  # inside --out: the resumable state, removed when the run ends
 STATE_FILE = "trainer_state.pt"
 LOG_FILE = "train_log.json"
-DEPTH_DECAY = 0.8
 # HeadConfig fields a continued head need not share: its draft temperature is calibrated after training, so the new
 # run's head starts uncalibrated (1.0) and is calibrated again.
 NOT_LAYOUT = ("extra", "draft_temperature")
@@ -69,6 +68,7 @@ class TrainRecipe:
     mask_token_id: int | None = None  # None: the tokenizer's mask token, else its unk, pad or eos token
     share_embeddings: bool = False  # keep the target's embeddings frozen and leave them out of the export
     precision: str = "float32"  # "bfloat16": the forward under autocast (weights, optimizer and loss stay float32)
+    depth_decay: float = DEPTH_DECAY  # depth d's loss weighs depth_decay**d (step_loss)
 
 
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16}
@@ -85,6 +85,8 @@ def next_stages(stages: list[dict], done: int, recipe: TrainRecipe) -> list[dict
     the last stage is unfinished, a new stage [done, steps) when the last one has ended."""
     if recipe.precision not in PRECISIONS:
         raise ValueError(f"precision is {recipe.precision!r}: choose one of {', '.join(PRECISIONS)}")
+    if not 0 < recipe.depth_decay <= 1:
+        raise ValueError(f"depth_decay is {recipe.depth_decay}: pass a number in (0, 1]")
     if recipe.steps < done:
         raise ValueError(f"--steps {recipe.steps} is below the {done} steps this run has done: pass at least {done}")
     if stages and done < stages[-1]["end"]:
@@ -95,7 +97,8 @@ def next_stages(stages: list[dict], done: int, recipe: TrainRecipe) -> list[dict
     if recipe.steps == done:
         return stages
     return [*stages, {"start": done, "end": recipe.steps, "precision": recipe.precision, "lr": recipe.lr,
-                      "batch_size": recipe.batch_size, "data": Path(recipe.data).name, "device": recipe.device}]
+                      "batch_size": recipe.batch_size, "data": Path(recipe.data).name, "device": recipe.device,
+                      "depth_decay": recipe.depth_decay}]
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
@@ -133,47 +136,6 @@ def _head_config(recipe: TrainRecipe, target, mask_token_id: int | None, aux: li
                       max_position_embeddings=tc.max_position_embeddings,
                       rope_theta=float((getattr(tc, "rope_parameters", None) or {}).get("rope_theta", 10000.0)),
                       variant=recipe.variant, trained_depth=recipe.k, fc_norm=depth, norm_output=depth)
-
-
-def head_inputs(head: PEagleHead, layout: SlotLayout, ids: torch.Tensor, aux: torch.Tensor) -> tuple:
-    """(input ids, fc-combined hidden, positions) [B, S] for the slots of `layout`."""
-    b = ids.shape[0]
-    real = layout.depth == 0
-    slot_ids = ids[:, layout.anchor + 1]
-    if head.cfg.mask_token_id is not None:  # (an eagle3 head has no mask slots, and no mask token)
-        slot_ids = torch.where(real, slot_ids, head.cfg.mask_token_id)
-    hidden = head.combine_hidden_states(aux)[:, layout.anchor]  # fc once per position, then one row per slot
-    if head.cfg.num_mask_slots and bool((~real).any()):
-        mask_rows = head.mask_states(head.cfg.trained_depth - 1) if head.cfg.variant == "depth" else head.mask_states(1)
-        pick = (layout.depth - 1).clamp(min=0) if head.cfg.variant == "depth" else torch.zeros_like(layout.depth)
-        hidden = torch.where(real.view(1, -1, 1), hidden, mask_rows[pick].unsqueeze(0).expand(b, -1, -1))
-    return slot_ids, hidden, layout.positions.expand(b, -1)
-
-
-def step_loss(head: PEagleHead, layout: SlotLayout, ids: torch.Tensor, aux: torch.Tensor, logits: torch.Tensor,
-              loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[int, float]]:
-    """Per-depth mean KL, depth d weighted by DEPTH_DECAY**d (acceptance at depth d needs every shallower
-    draft accepted first, so early depths matter most); also top-1 agreement with the target per depth.
-
-    ids [B, T], aux [B, T, 3*Ht], logits [B, T, Vd]: the target's logits over the draft vocabulary;
-    loss_mask [B, T] (None: all): which positions' distributions are labels."""
-    slot_ids, hidden, positions = head_inputs(head, layout, ids, aux)
-    normed, _ = head(slot_ids, hidden, positions, layout.attend.unsqueeze(0))
-    draft = head.draft_logits(normed)  # [B, S, Vd]
-    kl = kl_at_positions(draft, logits, layout.target_index)  # [B, S]
-    agree = (draft.argmax(-1) == logits.argmax(-1)[:, layout.target_index]).float()
-    valid = (torch.ones_like(kl, dtype=torch.bool) if loss_mask is None else loss_mask[:, layout.target_index]).float()
-    losses, weights, accuracy = [], [], {}
-    for d in layout.depth.unique().tolist():
-        sel = layout.depth == d
-        count = valid[:, sel].sum()
-        if count == 0:
-            continue
-        losses.append((kl[:, sel] * valid[:, sel]).sum() / count)
-        weights.append(DEPTH_DECAY**d)
-        accuracy[d] = ((agree[:, sel] * valid[:, sel]).sum() / count).item()
-    w = torch.tensor(weights, device=kl.device)
-    return (torch.stack(losses) * w).sum() / w.sum(), accuracy
 
 
 class WindowBatches:
@@ -362,7 +324,8 @@ def train(recipe: TrainRecipe, resume: bool = False, init_from: str | None = Non
         layout = SlotLayout(layout.anchor.to(dev), layout.depth.to(dev), layout.attend.to(dev))
         autocast = PRECISIONS[stage["precision"]]
         with torch.autocast(dev.type, dtype=autocast, enabled=autocast is not None):
-            loss, accuracy = step_loss(head, layout, ids, aux_states, logits, loss_mask)
+            loss, accuracy = step_loss(head, layout, ids, aux_states, logits, loss_mask,
+                                       stage.get("depth_decay", DEPTH_DECAY))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)

@@ -1,5 +1,6 @@
 """scripts/build_smollm2_heads.py keeps a finished distillation as committed data and restores it instead of
-distilling again, and on the CPU trains no further than the first stage sized for a GPU."""
+distilling again, on the CPU trains no further than the first stage sized for a GPU, and calibrates on prompts it
+trained no head on."""
 
 from __future__ import annotations
 
@@ -69,3 +70,14 @@ def test_on_the_cpu_a_build_trains_the_stages_before_the_first_gpu_stage_still_t
     assert build.stages_to_train(stages, 8, "cpu")[0] == stages[:2]  # nothing left before it: the build refuses
     assert build.stages_to_train(stages, 16, "cpu") == (stages, "")  # past every GPU stage
     assert build.stages_to_train(stages, 0, "cuda") == (stages, "")
+
+
+def test_the_draft_temperature_is_calibrated_on_prompts_no_data_set_holds() -> None:
+    from peagle_vllm.harness import calibrate
+    from peagle_vllm.train.prompts import training_prompts
+
+    build = _script()
+    trained = {p for spec in build.DATASETS.values() if spec.get("source", "templates") == calibrate.SOURCE
+               for p in training_prompts(*spec["prompts"], source=calibrate.SOURCE)}
+    calibration = training_prompts(calibrate.START, calibrate.START + calibrate.PROMPTS, source=calibrate.SOURCE)
+    assert len(set(calibration)) == calibrate.PROMPTS and not trained & set(calibration)

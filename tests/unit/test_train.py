@@ -131,7 +131,8 @@ def test_kl_at_positions_equals_kl_on_the_gathered_rows() -> None:
     assert torch.allclose(kl_at_positions(draft, target, index), expected, atol=1e-5)
 
 
-def test_a_finished_run_continues_in_a_new_stage_with_its_own_schedule_and_precision(tiny, tmp_path: Path) -> None:
+def test_a_finished_run_continues_in_a_new_stage_with_its_own_schedule_precision_and_depth_decay(
+        tiny, tmp_path: Path, monkeypatch) -> None:
     from tiny_models import TEXT
 
     import peagle_vllm.train.trainer as trainer
@@ -139,22 +140,33 @@ def test_a_finished_run_continues_in_a_new_stage_with_its_own_schedule_and_preci
     data = tmp_path / "data.txt"
     data.write_text(TEXT)
     torch.set_num_threads(1)
+    real_step_loss, decays = trainer.step_loss, []
 
-    def recipe(steps: int, precision: str) -> trainer.TrainRecipe:
+    def step_loss(*args):
+        decays.append(args[-1])
+        return real_step_loss(*args)
+
+    monkeypatch.setattr(trainer, "step_loss", step_loss)
+
+    def recipe(steps: int, precision: str, depth_decay: float = 0.8) -> trainer.TrainRecipe:
         return trainer.TrainRecipe(target=str(tiny["target"]), data=str(data), out=str(tmp_path / "run"), k=4,
                                    steps=steps, batch_size=2, seq_len=32, draft_vocab=256, self_distill=False,
-                                   warmup=2, lr=1e-3, checkpoint_every=2, precision=precision)
+                                   warmup=2, lr=1e-3, checkpoint_every=2, precision=precision,
+                                   depth_decay=depth_decay)
 
     trainer.train(recipe(4, "float32"))
     with pytest.raises(ValueError, match="--steps 3 is below the 4 steps"):
         trainer.train(recipe(3, "float32"), resume=True)
     with pytest.raises(ValueError, match="precision is 'float16'"):
         trainer.train(recipe(8, "float16"), resume=True)
-    trainer.train(recipe(8, "bfloat16"), resume=True)
+    with pytest.raises(ValueError, match="depth_decay is 0: pass a number in \\(0, 1\\]"):
+        trainer.train(recipe(8, "bfloat16", depth_decay=0), resume=True)
+    trainer.train(recipe(8, "bfloat16", depth_decay=0.5), resume=True)
     log = json.loads((tmp_path / "run" / "train_log.json").read_text())
     same = {"lr": 1e-3, "batch_size": 2, "data": "data.txt", "device": "cpu"}
-    assert log["stages"] == [{"start": 0, "end": 4, "precision": "float32", **same},
-                             {"start": 4, "end": 8, "precision": "bfloat16", **same}]
+    assert log["stages"] == [{"start": 0, "end": 4, "precision": "float32", **same, "depth_decay": 0.8},
+                             {"start": 4, "end": 8, "precision": "bfloat16", **same, "depth_decay": 0.5}]
+    assert decays == [0.8] * 4 + [0.5] * 4
     lrs = [h["lr"] for h in log["history"]]
     assert len(lrs) == 8 and lrs[4] == pytest.approx(lrs[0]) == pytest.approx(5e-4)  # warmup again from step 5
     assert lrs[3] < lrs[4] and lrs[7] < lrs[5]  # each stage decays to its end
