@@ -9,12 +9,13 @@ in vLLM's built-in parallel drafting) and `smollm2-eagle3` (sequential EAGLE-3 b
 Phases, each resumable: self-distillation (the target answers a data set's training prompts, chunk by chunk),
 the capture of the target's states (once per data set, shared by the three heads), then each head's training
 (checkpointed every few steps) in STAGES: passes over a data set, each with its own learning-rate schedule,
-precision and batch size. Every head finishes a stage before any head starts the next, so an interrupted build
-leaves heads with equal budgets; on the CPU the build stops, with one line, where the first stage marked `gpu`
-begins. Work goes to --work (default runs/smollm2-heads); when a stage ends, the heads are copied to models/
-(weights, config, train_log.json, loss.png, without the trainer's state), and a comparison plot of the three runs
-to models/smollm2-heads-loss.png. The P-EAGLE heads in models/ then get their draft temperature for sampled
-requests (`peagle-vllm calibrate-draft --write`, which needs vLLM: without it, one line says to run that later).
+precision, batch size and weighting of the loss by draft depth. Every head finishes a stage before any head starts
+the next, so an interrupted build leaves heads with equal budgets; on the CPU the build stops, with one line, where
+the first stage marked `gpu` begins. Work goes to --work (default runs/smollm2-heads); when a stage ends, the heads
+are copied to models/ (weights, config, train_log.json, loss.png, without the trainer's state), and a comparison
+plot of the three runs to models/smollm2-heads-loss.png. The P-EAGLE heads in models/ then get their draft
+temperature for sampled requests (`peagle-vllm calibrate-draft --write`, which needs vLLM: without it, one line says
+to run that later).
 Wall time per phase is appended to --work/phases.json.
 
 A head in models/ whose stages end where the next stage begins continues from its exported weights with a fresh
@@ -46,21 +47,26 @@ DATASETS = {"distill": dict(prompts=(0, 3072), capture="float32"),
             "distill-d": dict(prompts=(9216, 12288), capture="bfloat16"),
             "distill-e": dict(prompts=(12288, 15360), capture="bfloat16"),
             "distill-f": dict(prompts=(15360, 18432), capture="bfloat16"),
-            "requests": dict(source="requests", prompts=(0, 3072), capture="bfloat16")}
+            "requests": dict(source="requests", prompts=(0, 3072), capture="bfloat16"),
+            "questions": dict(source="questions", prompts=(0, 3072), capture="bfloat16")}
 RECIPE = dict(k=16, seq_len=384, warmup=20, draft_vocab=8192, share_embeddings=True, checkpoint_every=16)
 # Each stage ends at step `steps`, with its own warmup and cosine decay to zero from `lr`. The CPU stages are one pass
 # each (384 steps of 8 conversations): two over the first data set, then one over each other. The `gpu` stages that
 # follow are two passes each (96 steps of 64 conversations) over data sets the heads have seen, sized for a GPU, where
 # such a step costs 0.1-0.3 s (H200); a new data set goes in before them (passes over new prompts raise acceptance,
 # repeats barely). Stages peak at PEAK_LR for the first EARLY_PASSES passes and at LATE_LR after them: from a head
-# this far along, a peak of PEAK_LR first undoes what it learnt (docs/smollm2-heads.md).
+# this far along, a peak of PEAK_LR first undoes what it learnt (docs/smollm2-heads.md). Depth d's loss weighs
+# DECAY**d for the first DECAY_PASSES passes and LATE_DECAY**d after them: the late passes spend more of the head on
+# the first drafts, which acceptance needs most.
 PEAK_LR, LATE_LR, EARLY_PASSES = 2e-3, 5e-4, 6
+DECAY, LATE_DECAY, DECAY_PASSES = 0.8, 0.5, 8
 LATER_SETS = list(DATASETS)[1:]
 CPU_PASSES = ["distill", "distill", *LATER_SETS]
 STAGES = [*[dict(steps=384 * (i + 1), precision="float32" if i == 0 else "bfloat16", data=data,
-                 lr=PEAK_LR if i < EARLY_PASSES else LATE_LR) for i, data in enumerate(CPU_PASSES)],
+                 lr=PEAK_LR if i < EARLY_PASSES else LATE_LR, depth_decay=DECAY if i < DECAY_PASSES else LATE_DECAY)
+             for i, data in enumerate(CPU_PASSES)],
           *[dict(steps=384 * len(CPU_PASSES) + 96 * (i + 1), precision="bfloat16", data=data, lr=LATE_LR,
-                 batch_size=64, gpu=True) for i, data in enumerate(LATER_SETS)]]
+                 depth_decay=LATE_DECAY, batch_size=64, gpu=True) for i, data in enumerate(LATER_SETS)]]
 LAST_STEPS = 16  # the plot's agreement by depth: mean of the last steps (one batch alone is noisy)
 
 
@@ -140,6 +146,7 @@ def _plot(models: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    marked = set()  # (where, decay) of each change of depth weights, written once for all heads
     for name in HEADS:
         log = models / name / "train_log.json"
         if not log.exists():
@@ -147,8 +154,16 @@ def _plot(models: Path) -> None:
         run = json.loads(log.read_text())
         history = run["history"]
         a.plot([h["tokens"] for h in history], [h["loss"] for h in history], label=name, lw=0.8)
+        decay = run["stages"][0].get("depth_decay", DECAY)
         for stage in run["stages"][1:]:  # where a new pass with its own schedule starts
-            a.axvline(history[stage["start"]]["tokens"], color="grey", lw=0.5, ls="--")
+            where = history[stage["start"]]["tokens"]
+            a.axvline(where, color="grey", lw=0.5, ls="--")
+            if stage.get("depth_decay", DECAY) != decay:
+                decay = stage["depth_decay"]
+                if (where, decay) not in marked:
+                    marked.add((where, decay))
+                    a.text(where, 0.98, f" depth d\n weighs {decay}^d", transform=a.get_xaxis_transform(),
+                           fontsize=7, va="top")
         last = history[-LAST_STEPS:]
         depths = sorted({int(d) for h in last for d in h["accuracy"]})
         b.plot([d + 1 for d in depths], [np.mean([h["accuracy"][str(d)] for h in last if str(d) in h["accuracy"]])
@@ -227,7 +242,8 @@ def main() -> None:
             init_from = args.models / name if not run.exists() and done[name] else None
             recipe = TrainRecipe(target=str(TARGET), data=str(args.work / stage["data"]), out=str(run),
                                  variant=HEADS[name], **RECIPE, lr=stage["lr"], batch_size=stage.get("batch_size", 8),
-                                 steps=stage["steps"], precision=stage["precision"], device=args.device)
+                                 steps=stage["steps"], precision=stage["precision"], depth_decay=stage["depth_decay"],
+                                 device=args.device)
             last = train(recipe, resume=run.exists(), init_from=str(init_from) if init_from else None)
             _record(args.work, name, last["seconds"], tokens=last["tokens"], steps=last["step"])
         for name in heads:  # every head has this stage: ship them together
