@@ -278,9 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--draft", help="draft head directory (default: the shipped head trained for --target)")
     c.add_argument("--k", type=int, default=calibrate.K, help="drafts per step recorded")
     c.add_argument("--prompts", type=int, default=calibrate.PROMPTS,
-                   help=f"prompts of --source from index {calibrate.START} on (past the shipped heads' training "
-                   "prompts; never held-out ones)")
-    c.add_argument("--source", choices=sorted(SOURCES), default=calibrate.SOURCE)
+                   help="prompts of --source past every data set made from it (never held-out ones)")
+    c.add_argument("--source", choices=sorted(calibrate.FIRST_UNTRAINED), default=calibrate.SOURCE)
     c.add_argument("--max-tokens", type=int, default=calibrate.MAX_TOKENS)
     c.add_argument("--top-p", type=float, default=calibrate.TOP_P, help="the requests' top-p to calibrate for (at T=1)")
     c.add_argument("--seed", type=int, default=0)

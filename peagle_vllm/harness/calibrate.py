@@ -16,18 +16,20 @@ if TYPE_CHECKING:
     import torch
 
 # torch and the checkpoint code are imported where used: the CLI reads the defaults below when it starts.
-# What a calibration records by default (`peagle-vllm calibrate-draft`, scripts/build_smollm2_heads.py). Its prompts
-# are SOURCE's from index START on, past every data set built from that source (DATASETS in the build script).
-PROMPTS, SOURCE, START, K, MAX_TOKENS, TOP_P = 32, "questions", 3072, 3, 128, 0.9
+# What a calibration records by default (`peagle-vllm calibrate-draft`, scripts/build_smollm2_heads.py).
+PROMPTS, SOURCE, K, MAX_TOKENS, TOP_P = 32, "questions", 3, 128, 0.9
+# Each source's prompts are taken from this index on: past every data set made from it (the build script's DATASETS,
+# and the committed distill-g).
+FIRST_UNTRAINED = {"templates": 21504, "requests": 3072, "questions": 3072}
 
 
-def calibration_prompts(target: str | Path, count: int = PROMPTS, source: str = SOURCE, seed: int = 0,
-                        start: int = START) -> list[str]:
-    """`count` prompts of a training source from index `start` on, through the target's chat template (never
-    held-out ones)."""
+def calibration_prompts(target: str | Path, count: int = PROMPTS, source: str = SOURCE, seed: int = 0) -> list[str]:
+    """`count` prompts of a training source from its FIRST_UNTRAINED index on, through the target's chat template
+    (never held-out ones)."""
     from peagle_vllm.harness.prompts import chat_prompts
     from peagle_vllm.train.prompts import training_prompts
 
+    start = FIRST_UNTRAINED[source]
     return chat_prompts(target, training_prompts(start, start + count, seed=seed, source=source))
 
 

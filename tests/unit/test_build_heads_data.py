@@ -74,10 +74,12 @@ def test_on_the_cpu_a_build_trains_the_stages_before_the_first_gpu_stage_still_t
 
 def test_the_draft_temperature_is_calibrated_on_prompts_no_data_set_holds() -> None:
     from peagle_vllm.harness import calibrate
-    from peagle_vllm.train.prompts import training_prompts
+    from peagle_vllm.train.prompts import SOURCES, training_prompts
 
     build = _script()
-    trained = {p for spec in build.DATASETS.values() if spec.get("source", "templates") == calibrate.SOURCE
-               for p in training_prompts(*spec["prompts"], source=calibrate.SOURCE)}
-    calibration = training_prompts(calibrate.START, calibrate.START + calibrate.PROMPTS, source=calibrate.SOURCE)
-    assert len(set(calibration)) == calibrate.PROMPTS and not trained & set(calibration)
+    made = [*build.DATASETS.values(), dict(prompts=(18432, 21504))]  # and distill-g, committed, not trained on
+    assert set(calibrate.FIRST_UNTRAINED) == set(SOURCES)
+    for source, start in calibrate.FIRST_UNTRAINED.items():
+        ends = [spec["prompts"][1] for spec in made if spec.get("source", "templates") == source]
+        calibration = training_prompts(start, start + calibrate.PROMPTS, source=source)
+        assert start >= max(ends, default=0) and len(set(calibration)) == calibrate.PROMPTS, source
