@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 # What a calibration records by default (`peagle-vllm calibrate-draft`, scripts/build_smollm2_heads.py).
 PROMPTS, SOURCE, K, MAX_TOKENS, TOP_P = 32, "questions", 3, 128, 0.9
 # Each source's prompts are taken from this index on: past every data set made from it (the build script's DATASETS,
-# and the committed distill-g).
-FIRST_UNTRAINED = {"templates": 21504, "requests": 3072, "questions": 3072}
+# and the committed data sets no stage reads: distill-g, requests-b).
+FIRST_UNTRAINED = {"templates": 21504, "requests": 6144, "questions": 3072}
 
 
 def calibration_prompts(target: str | Path, count: int = PROMPTS, source: str = SOURCE, seed: int = 0) -> list[str]:
