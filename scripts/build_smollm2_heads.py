@@ -123,7 +123,13 @@ def _planned_steps(run: Path) -> int:
 
 
 def _calibrate(work: Path, heads: list[Path]) -> None:
-    """Each P-EAGLE head's draft temperature into its config.json (`harness.calibrate`, as calibrate-draft does)."""
+    """Each P-EAGLE head's draft temperature into its config.json (`harness.calibrate`, as calibrate-draft does),
+    its engines under the CLI's CPU settings: a KV cache of 1 GiB, where vLLM's default asks for 92% of the
+    machine's memory, more than is free beside a build holding its training data."""
+    from peagle_vllm.harness.runs import quiet_vllm, set_cpu_defaults
+
+    set_cpu_defaults()
+    quiet_vllm()
     try:
         import vllm  # noqa: F401
     except ImportError:
