@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 # torch and the checkpoint code are imported where used: the CLI reads the defaults below when it starts.
 # What a calibration records by default (`peagle-vllm calibrate-draft`, scripts/build_smollm2_heads.py).
 PROMPTS, SOURCE, K, MAX_TOKENS, TOP_P = 32, "questions", 3, 128, 0.9
-# Each source's prompts are taken from this index on: past every data set made from it (the build script's DATASETS,
-# and the committed data sets no stage reads: distill-g, requests-b).
+# Each source's prompts are taken from this index on: past every data set made from it (the build script's DATASETS
+# and SHELVED).
 FIRST_UNTRAINED = {"templates": 21504, "requests": 6144, "questions": 3072}
 
 

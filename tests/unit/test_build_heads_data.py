@@ -77,8 +77,7 @@ def test_the_draft_temperature_is_calibrated_on_prompts_no_data_set_holds() -> N
     from peagle_vllm.train.prompts import SOURCES, training_prompts
 
     build = _script()
-    # and the data sets committed but in no stage: distill-g, requests-b
-    made = [*build.DATASETS.values(), dict(prompts=(18432, 21504)), dict(source="requests", prompts=(3072, 6144))]
+    made = [*build.DATASETS.values(), *build.SHELVED.values()]
     assert set(calibrate.FIRST_UNTRAINED) == set(SOURCES)
     for source, start in calibrate.FIRST_UNTRAINED.items():
         ends = [spec["prompts"][1] for spec in made if spec.get("source", "templates") == source]

@@ -36,7 +36,7 @@ def test_training_prompts_leave_out_held_out_messages_and_keep_the_others_indice
 @pytest.mark.parametrize("source", sorted(SOURCES))
 def test_no_training_prompt_is_an_evaluation_message_in_nearly_the_same_words(source: str) -> None:
     held_out = [(message, _subject_words(message)) for message in HELD_OUT]
-    for prompt in SOURCES[source](6144):  # as far as the requests and questions data sets reach
+    for prompt in SOURCES[source](6144):  # past every data set's prompts but the templates' (requests-b ends at 6,144)
         words = _subject_words(prompt)
         for message, theirs in held_out:
             shared = len(words & theirs) / len(words | theirs)
