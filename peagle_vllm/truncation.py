@@ -11,6 +11,9 @@ device, so callers use it only where that is free (CPU tensors).
 A third way, `within_candidates`, makes `by_candidates`' mask where the candidates decide a row and keeps only the
 candidates where they do not: not the exact mask, for distributions that need only resemble the cut one (a draft's
 q, which verification corrects losslessly whatever it is; a weak head's rows are often too flat for 256 tokens).
+
+`kept_candidates` gives the candidates themselves (ids and logits, cut ones at -inf) and the rows where they hold
+every token `by_candidates` keeps: there a distribution over the candidates is the whole row's (`candidate_vocab`).
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ def by_candidates(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch
     them, or their mass short of top_p) try `WIDER` times as many, and are sorted whole once that would reach the
     vocabulary. Reads the device: for CPU tensors."""
     vocab = logits.shape[-1]
-    remove, undecided, _ = _cut_among_candidates(logits, top_k, top_p, candidates)
+    lowest_kept, undecided, _, _ = _cut_among_candidates(logits, top_k, top_p, candidates)
+    remove = logits < lowest_kept.unsqueeze(-1)
     to_sort = undecided.nonzero().squeeze(-1)  # the host read
     if to_sort.numel():
         rows, k_rows, p_rows = (logits[to_sort], None if top_k is None else top_k[to_sort],
@@ -63,17 +67,28 @@ def within_candidates(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
                       candidates: int) -> torch.Tensor:
     """`by_candidates`' mask on the rows the candidates decide; a row they do not decide keeps its candidates (and
     tokens tied with the last) and nothing else. Reads nothing back to the host."""
-    remove, undecided, top = _cut_among_candidates(logits, top_k, top_p, candidates)
-    return torch.where(undecided.unsqueeze(-1), logits < top[:, -1:], remove)
+    lowest_kept, undecided, top, _ = _cut_among_candidates(logits, top_k, top_p, candidates)
+    return logits < torch.where(undecided, top[:, -1], lowest_kept).unsqueeze(-1)
+
+
+def kept_candidates(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
+                    candidates: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids [N, c], kept [N, c], whole [N]): each row's c = `candidates` most likely tokens, their logits with the
+    ones `by_candidates` removes at -inf, and whether they hold every token it keeps (the candidates decide the
+    row and cut at least one of their own, so no token outside them ties with a kept one). Reads nothing back."""
+    lowest_kept, undecided, top, ids = _cut_among_candidates(logits, top_k, top_p, candidates)
+    whole = ~undecided & (lowest_kept > top[:, -1])  # a row where nothing is on keeps -inf: never whole
+    return ids, top.masked_fill(top < lowest_kept.unsqueeze(-1), float("-inf")), whole
 
 
 def _cut_among_candidates(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
-                          candidates: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(remove [N, V], undecided [N], top [N, c]): sorting's mask on the rows each row's c = `candidates` most likely
-    tokens (`top`, descending) decide, and which rows they leave undecided (their mask is then not sorting's)."""
+                          candidates: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(lowest_kept [N], undecided [N], top [N, c], ids [N, c]): sorting's cut on the rows each row's c = `candidates`
+    most likely tokens (`top`, descending, token ids `ids`) decide, as the lowest logit kept (every token below it
+    is removed; -inf where nothing is on), and which rows they leave undecided (their cut is then not sorting's)."""
     n, vocab = logits.shape
     c = min(candidates, vocab)
-    top, _ = logits.topk(c, dim=-1)  # [N, c], descending
+    top, ids = logits.topk(c, dim=-1)  # [N, c], descending
     ranks = torch.arange(c, device=logits.device)
     k = _k_of(top_k, vocab) if top_k is not None else torch.full((n,), vocab, device=logits.device)
     removed = ranks >= k.unsqueeze(-1)  # [N, c]
@@ -93,4 +108,4 @@ def _cut_among_candidates(logits: torch.Tensor, top_k: torch.Tensor | None, top_
         nothing_on = k >= vocab
     lowest_kept = top.masked_fill(removed, float("inf")).amin(-1)  # [N]
     lowest_kept = torch.where(nothing_on, float("-inf"), lowest_kept)
-    return logits < lowest_kept.unsqueeze(-1), ~decided & ~nothing_on, top
+    return lowest_kept, ~decided & ~nothing_on, top, ids

@@ -23,6 +23,7 @@ from typing import Protocol
 import torch
 
 from peagle_vllm import truncation
+from peagle_vllm.candidate_vocab import Slots, token_ids
 
 PLACEHOLDER = -1
 
@@ -70,6 +71,11 @@ class VerifyResult:
     accepted: torch.Tensor  # [B, K] bool, draft i accepted (prefix only)
 
 
+def scaled_logits(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """logits [N, V] / temperature [N] in float32; rows with temperature 0 (greedy) are left at temperature 1."""
+    return logits.float() / torch.where(temperature > 0, temperature, 1.0).float().unsqueeze(-1)
+
+
 def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None = None,
                  top_p: torch.Tensor | None = None, min_p: torch.Tensor | None = None,
                  candidates: int | None = None, resemble: bool = False) -> torch.Tensor:
@@ -80,7 +86,7 @@ def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     candidates: top-k/top-p decided from that many most likely tokens per row (`truncation.by_candidates`,
     which reads the device: pass it for CPU tensors only); None sorts every row. resemble (with candidates): rows the
     candidates do not decide keep their candidates instead (`truncation.within_candidates`): for a draft's q only."""
-    logits = logits.float() / torch.where(temperature > 0, temperature, 1.0).float().unsqueeze(-1)
+    logits = scaled_logits(logits, temperature)
     if min_p is not None:  # min_p 0: nothing is below 0 * max
         probs = logits.softmax(-1)
         too_small = probs < probs.amax(-1, keepdim=True) * min_p.float().unsqueeze(-1)
@@ -294,10 +300,11 @@ def verify_block(drafts: torch.Tensor, num_draft: torch.Tensor, draft_probs: Dis
 def verify(mode: str, drafts: torch.Tensor, num_draft: torch.Tensor, draft_probs: Dists | None,
            probs: Dists | None, target_argmax: torch.Tensor, bonus: torch.Tensor, is_greedy: torch.Tensor,
            generators: dict[int, torch.Generator] | None = None, accept_k: int = 1, accept_tolerance: float = 0.0,
-           target_logits: torch.Tensor | None = None) -> VerifyResult:
+           target_logits: torch.Tensor | None = None, slots: Slots | None = None) -> VerifyResult:
     """Mixed batch: temperature-0 rows by argmax match (or, when `is_lossy(accept_k, accept_tolerance)`, by
     `within_tolerance` over target_logits [B, K, V]), the others losslessly by `mode` ("block", or token-wise
-    for "standard"/"auto"). probs [B, K, V] None: every row is greedy (a host fact the caller has)."""
+    for "standard"/"auto"). probs [B, K, V] None: every row is greedy (a host fact the caller has). slots: probs
+    and draft_probs are [B, K, M] over each position's own M slots (`candidate_vocab`), with no generators."""
     if is_lossy(accept_k, accept_tolerance):
         if target_logits is None:
             raise ValueError("verify: lossy acceptance (accept_k > 1, accept_tolerance > 0) needs target_logits")
@@ -307,7 +314,16 @@ def verify(mode: str, drafts: torch.Tensor, num_draft: torch.Tensor, draft_probs
     if probs is None:
         return greedy
     sampler = verify_block if mode == "block" else verify_standard
-    sampled = sampler(drafts, num_draft, draft_probs, probs, bonus, generators)
+    if slots is None:
+        sampled = sampler(drafts, num_draft, draft_probs, probs, bonus, generators)
+    else:
+        if generators:
+            raise ValueError("verify: seeded requests draw over the whole vocabulary, not over slots")
+        on_slots = sampler(slots.drafts, num_draft, draft_probs, probs, bonus)
+        n = on_slots.num_accepted  # then the bonus (all accepted) or the slot of the token drawn at position n
+        last = on_slots.tokens.gather(1, n.unsqueeze(1)).squeeze(1)
+        drawn = token_ids(slots.ids, n.clamp(max=drafts.shape[1] - 1), last)
+        sampled = _assemble(drafts, n, torch.where(n == num_draft, bonus, drawn))
     pick = is_greedy.unsqueeze(1)
     return VerifyResult(torch.where(pick, greedy.tokens, sampled.tokens),
                         torch.where(is_greedy, greedy.num_accepted, sampled.num_accepted),

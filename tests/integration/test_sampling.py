@@ -13,15 +13,15 @@ PROMPT = "def main(argv):\n    "
 N = 1200
 
 
-def _generate(llm, **params) -> list:
+def _generate(llm, seeded: bool = True, **params) -> list:
     from vllm import SamplingParams
 
-    sps = [SamplingParams(max_tokens=4, seed=i, ignore_eos=True, **params) for i in range(N)]
+    sps = [SamplingParams(max_tokens=4, seed=i if seeded else None, ignore_eos=True, **params) for i in range(N)]
     return llm.generate([PROMPT] * N, sps, use_tqdm=False)
 
 
-def _samples(llm, **params) -> list[tuple[int, ...]]:
-    return [tuple(o.outputs[0].token_ids) for o in _generate(llm, **params)]
+def _samples(llm, seeded: bool = True, **params) -> list[tuple[int, ...]]:
+    return [tuple(o.outputs[0].token_ids) for o in _generate(llm, seeded, **params)]
 
 
 def _same_distribution(a: list[int], b: list[int], top: int = 12) -> float:
@@ -63,6 +63,23 @@ def test_sampled_tokens_follow_the_target_distribution(engines, params: dict, dr
     for pos in (1, 2, 3):
         p = _same_distribution([x[pos] for x in a], [x[pos] for x in b])
         assert p > 0.001, f"position {pos}: p_eagle changes the sampled distribution (p={p:.1e})"
+
+
+def test_unseeded_sampling_verified_over_the_candidates_follows_the_target_distribution(engines, monkeypatch) -> None:
+    """Unseeded requests with top-k/top-p: on CPU their drafts are verified over each row's candidates."""
+    from peagle_vllm.vllm_adapter.v1 import sampler
+
+    taken, on_candidates = [], sampler.on_candidates
+    monkeypatch.setattr(sampler, "on_candidates", lambda *args: taken.append(on_candidates(*args)) or taken[-1])
+    params = {"temperature": 0.8, "top_k": 20, "top_p": 0.9}
+    plain, ours = engines[0], engines[1]
+    a, outs = _samples(plain, seeded=False, **params), _generate(ours, seeded=False, **params)
+    b, spec = [tuple(o.outputs[0].token_ids) for o in outs], request_spec_figures(outs)
+    assert spec.accepted > 0, "no draft was accepted: the test would not exercise verification"
+    assert taken and all(t is not None for t in taken), "every step verified over the candidates"
+    for pos in (1, 2, 3):
+        p = _same_distribution([x[pos] for x in a], [x[pos] for x in b])
+        assert p > 0.001, f"position {pos}: verification over the candidates changes the distribution (p={p:.1e})"
 
 
 def test_seeded_sampling_is_reproducible(engines) -> None:

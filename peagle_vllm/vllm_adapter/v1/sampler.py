@@ -7,12 +7,15 @@ penalties/bad-words/min-tokens on the draft rows, logprobs and the output layout
 distribution (temperature, top-k, top-p in plain torch: no crash on CPU; on CPU from each row's most likely
 tokens, `truncation`; vLLM itself refuses min_p requests under speculation) and greedy/token-wise/block
 acceptance, lossless on CPU and GPU; opt-in lossy acceptance of greedy requests' drafts
-(`verifier_accept_k` / `accept_tolerance`, `verify.within_tolerance`). The [B, K] layout is built from
+(`verifier_accept_k` / `accept_tolerance`, `verify.within_tolerance`). On CPU, when every sampled row's
+top-k/top-p keeps only its candidates and no request is seeded, verification runs over each row's candidates
+(`on_candidates`, `candidate_vocab`) instead of the whole vocabulary. The [B, K] layout is built from
 vLLM's device-side cu_num_draft_tokens: no host list is copied to the device per step.
 
 Memory: vLLM sizes the sampler's memory by its profile run (`GPUModelRunner._dummy_sampler_run`), which calls
 this sampler with one draft for each of `max_rows` requests. With K drafts, the draft rows' float32 logits and
-target distributions are made `max_rows` rows at a time (`TargetChunks`) and draft_probs are read in place
+target distributions are made `max_rows` rows at a time (`TargetChunks`; on CPU at least `CPU_ROWS`, as vLLM's CPU
+worker sizes its KV cache from a setting, not from that run's peak) and draft_probs are read in place
 (`DraftRows`), so no [B*K, V] float32 is held, unless vLLM's logits processors, logprobs or lossy acceptance
 need every processed row at once (then, as in vLLM's own rejection sampler, [B*K, V] float32 is kept).
 """
@@ -26,7 +29,9 @@ from vllm.v1.outputs import SamplerOutput
 from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor
 from vllm.v1.sample.rejection_sampler import RejectionSampler
 
-from peagle_vllm.verify import is_lossy, target_probs, verify
+from peagle_vllm.candidate_vocab import Slots, candidate_rows, widened
+from peagle_vllm.truncation import WIDER, kept_candidates
+from peagle_vllm.verify import is_lossy, scaled_logits, target_probs, verify
 from peagle_vllm.vllm_adapter.v1.bonus_sampler import with_candidate_top_p
 
 
@@ -51,6 +56,9 @@ def _logits_processors_act(sampling_metadata) -> bool:
                      for p in sm.logitsprocs.non_argmax_invariant)
     return (not sm.no_penalties or bool(sm.bad_words_token_ids) or sm.allowed_token_ids_mask is not None
             or min_tokens or (holder is not None and holder.has_tracked_requests()))
+
+
+CPU_ROWS = 64  # draft rows processed at once on CPU at least: one row at a time (c=1) pays each op's overhead K times
 
 
 class DraftRows:
@@ -110,17 +118,43 @@ class TargetChunks:
                           for s in range(0, ids.shape[1], self.span)], dim=1)
 
 
+def on_candidates(processed_rows, options, rows: int, cap: int, greedy_rows: torch.Tensor, draft_ids: torch.Tensor,
+                  draft_probs: torch.Tensor | None, candidates: int) -> tuple[torch.Tensor, torch.Tensor | None, Slots] | None:
+    """Each draft row's target and draft distributions over its kept candidates (`candidate_vocab`); None where a
+    sampled row's `WIDER` * `candidates` do not hold every token its top-k/top-p keeps (a host read).
+    processed_rows: flat draft rows (a slice) -> [n, V] logits; options: (temperature, top_k, top_p) [rows] or None;
+    greedy_rows [rows]; draft_ids [rows]; draft_probs [rows, V] or None (one-hot drafts); `cap` rows at a time."""
+    temp, top_k, top_p = options
+
+    def cut(r, c: int):  # flat draft rows (a slice or ids) -> `kept_candidates` of c candidates
+        return kept_candidates(scaled_logits(processed_rows(r), temp[r]), None if top_k is None else top_k[r],
+                               None if top_p is None else top_p[r], c)
+
+    ids, kept, whole = (torch.cat(parts) for parts in zip(*(cut(slice(s, s + cap), candidates)
+                                                             for s in range(0, rows, cap))))
+    short = (~(whole | greedy_rows)).nonzero().squeeze(1)  # the host read
+    if short.numel():  # sampled rows the candidates do not hold whole try `WIDER` times as many
+        wide_ids, wide_kept, wide_whole = cut(short, WIDER * candidates)
+        if not bool(wide_whole.all()):
+            return None
+        ids, kept = widened(ids, kept, wide_ids.shape[1])
+        ids[short], kept[short] = wide_ids, wide_kept
+    return candidate_rows(draft_ids, ids, kept.softmax(-1), draft_probs)
+
+
 class PEagleRejectionSampler(RejectionSampler):
     def __init__(self, sampler, spec_config, device, verify_mode: str = "auto", verifier_accept_k: int = 1,
                  accept_tolerance: float = 0.0, max_rows: int | None = None,
                  top_p_candidates: int | None = None) -> None:
         """max_rows: the requests vLLM's profile run samples (min(max_num_batched_tokens, max_num_seqs)), the
-        most draft rows processed at once; None: one draft position (B rows) at a time. top_p_candidates:
-        top-k/top-p from that many most likely tokens per row (`verify.target_probs`; it reads the device, so
-        CPU only: `truncation.CPU_CANDIDATES`); None sorts every row."""
+        most draft rows processed at once (on CPU at least `CPU_ROWS`); None: one draft position (B rows) at a
+        time. top_p_candidates: top-k/top-p from that many most likely tokens per row (`verify.target_probs`; it
+        reads the device, so CPU only: `truncation.CPU_CANDIDATES`), and verification over them where they hold
+        every kept token (`on_candidates`); None (GPU) sorts every row."""
         super().__init__(sampler, spec_config, device)
         self.verify_mode = verify_mode
-        self.max_rows, self.top_p_candidates = max_rows, top_p_candidates
+        self.top_p_candidates = top_p_candidates
+        self.max_rows = max_rows if top_p_candidates is None else max(max_rows or 0, CPU_ROWS)
         self.bonus_sampler = sampler if top_p_candidates is None else with_candidate_top_p(sampler, top_p_candidates)
         self.accept_k, self.accept_tolerance = verifier_accept_k, accept_tolerance
         self.lossy = is_lossy(verifier_accept_k, accept_tolerance)
@@ -147,7 +181,7 @@ class PEagleRejectionSampler(RejectionSampler):
         index = (starts.unsqueeze(1) + cols).clamp(max=max(rows - 1, 0))
         valid = cols < num_draft.unsqueeze(1)
         drafts = _pad(metadata.draft_token_ids.long(), index, valid)
-        raw = processed = None
+        raw = processed = slots = None
         if logprobs or self.lossy or _logits_processors_act(sampling_metadata):  # every processed row at once
             raw = logits[metadata.target_logits_indices].to(torch.float32)
             # Processors edit in place; raw logits are needed again only for raw logprobs.
@@ -174,9 +208,17 @@ class PEagleRejectionSampler(RejectionSampler):
 
             probs = TargetChunks(make, index, valid, logits.shape[-1], cap)
             q = None if draft_probs is None else DraftRows(draft_probs, index, valid)
+            small = None
+            if self.top_p_candidates is not None and not sampling_metadata.generators and any(
+                    x is not None for x in options[1:]):  # CPU, unseeded, top-k/top-p on: maybe the candidates only
+                small = on_candidates(processed_rows, options, rows, cap, _per_draft(is_greedy, num_draft, rows),
+                                      metadata.draft_token_ids.long(), draft_probs, self.top_p_candidates)
+            if small is not None:  # [B, K, M] instead of [B, K, V]
+                probs, q = _pad(small.p, index, valid), None if small.q is None else _pad(small.q, index, valid)
+                slots = Slots(_pad(small.ids, index, valid), _pad(small.drafts, index, valid))
         target_logits = _pad(processed, index, valid) if self.lossy else None  # [B, K, V]
         result = verify(self.verify_mode, drafts, num_draft, q, probs, argmax, bonus, is_greedy,
-                        sampling_metadata.generators, self.accept_k, self.accept_tolerance, target_logits)
+                        sampling_metadata.generators, self.accept_k, self.accept_tolerance, target_logits, slots)
         output = result.tokens.to(torch.int32)
         logprobs_tensors = None
         if logprobs:
