@@ -39,12 +39,12 @@ def sample_drafts(logits: torch.Tensor, draft_to_target: torch.Tensor | None, te
         sampled = sample_rows(q_draft.view(b * k, vd), row_gens).view(b, k)
         is_greedy = (temperature <= 0).view(b, 1)
         ids = torch.where(is_greedy, greedy_ids, sampled)
-        one_hot = torch.nn.functional.one_hot(greedy_ids, vd).to(q_draft.dtype)
+        one_hot = q_draft.new_zeros(b, k, vd).scatter_(2, greedy_ids.unsqueeze(2), 1.0)
         q_draft = torch.where(is_greedy.unsqueeze(-1), one_hot, q_draft)
         vocab = target_vocab or vd
-        q = q_draft.new_zeros(b, k, vocab)
         index = (draft_to_target if draft_to_target is not None else torch.arange(vd, device=logits.device))
-        q[:, :, index] = q_draft
+        q = q_draft.new_zeros(b * k, vocab).scatter_(1, index.long().expand(b * k, vd), q_draft.view(b * k, vd))
+        q = q.view(b, k, vocab)
     if draft_to_target is not None:
         ids = draft_to_target[ids]
     return ids, q
