@@ -39,7 +39,8 @@ class CandidateRows:
 def candidate_rows(drafts: torch.Tensor, ids: torch.Tensor, p: torch.Tensor,
                    q_of: torch.Tensor | None) -> CandidateRows:
     """drafts [N] token ids; ids [N, C] each row's candidates (a copy after its first slot, with p = 0, allowed)
-    and p [N, C] the target's distribution over them (summing to 1); q_of [N, V] the draft distribution over the whole vocabulary (None: one-hot drafts)."""
+    and p [N, C] the target's distribution over them (summing to 1); q_of [N, V] the draft distribution over the
+    whole vocabulary (None: one-hot drafts)."""
     n, c = ids.shape
     is_draft = ids == drafts.unsqueeze(1)  # [N, C]
     candidate = is_draft.any(1)

@@ -29,6 +29,18 @@ def _k_of(top_k: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.where((top_k > 0) & (top_k < vocab), top_k, vocab).long()
 
 
+def truncation_on(top_k: torch.Tensor | None, top_p: torch.Tensor | None, vocab: int) -> torch.Tensor | None:
+    """[N] bool, rows whose top-k or top-p is on (top_p < 1, or 0 < top_k < V); None when neither is given."""
+    if top_k is None and top_p is None:
+        return None
+    on = torch.zeros_like(top_p if top_p is not None else top_k, dtype=torch.bool)
+    if top_p is not None:
+        on |= top_p < 1
+    if top_k is not None:
+        on |= _k_of(top_k, vocab) < vocab
+    return on
+
+
 def by_sorting(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
     """[N, V] bool, True where top-k / top-p remove the token. logits [N, V] float32; top_k, top_p [N] or None."""
     vocab = logits.shape[-1]

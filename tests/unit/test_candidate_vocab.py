@@ -65,14 +65,13 @@ def test_the_same_random_numbers_accept_the_same_drafts_as_the_whole_vocabulary(
     drafts = torch.multinomial(q, 1, generator=g).view(b, k)
     num_draft = torch.randint(1, k + 1, (b,), generator=g)
     bonus, greedy = torch.zeros(b, dtype=torch.long), torch.zeros(b, dtype=torch.bool)
+    p_bkv = p.view(b, k, vocab)
     torch.manual_seed(1)
-    whole_vocab = verify(mode, drafts, num_draft, q.view(b, k, vocab), p.view(b, k, vocab), p.view(b, k, vocab).argmax(-1),
-                         bonus, greedy)
+    whole_vocab = verify(mode, drafts, num_draft, q.view(b, k, vocab), p_bkv, p_bkv.argmax(-1), bonus, greedy)
     rows = candidate_rows(drafts.reshape(-1), ids, kept.softmax(-1), q)
     torch.manual_seed(1)
-    candidates = verify(mode, drafts, num_draft, rows.q.view(b, k, -1), rows.p.view(b, k, -1),
-                        p.view(b, k, vocab).argmax(-1), bonus, greedy,
-                        slots=Slots(rows.ids.view(b, k, -1), rows.drafts.view(b, k)))
+    candidates = verify(mode, drafts, num_draft, rows.q.view(b, k, -1), rows.p.view(b, k, -1), p_bkv.argmax(-1),
+                        bonus, greedy, slots=Slots(rows.ids.view(b, k, -1), rows.drafts.view(b, k)))
     assert torch.equal(candidates.num_accepted, whole_vocab.num_accepted)
     assert 0 < whole_vocab.num_accepted.float().mean() < num_draft.float().mean(), "some drafts accepted, some not"
     emitted = candidates.num_accepted < num_draft  # a token drawn from the residual, by the slot's id
@@ -109,7 +108,7 @@ def cpu_sampler():
 
     b, k, vocab = 6, 3, 400
 
-    def step(flatter: float, seeded: bool):
+    def step(flatter: float, seeded: bool, untruncated: bool):
         g = torch.Generator().manual_seed(4)
         logits = torch.randn(b * (k + 1), vocab, generator=g) * 8
         logits[5 * (k + 1):] /= flatter
@@ -120,7 +119,8 @@ def cpu_sampler():
                        target_logits_indices=rows[:, :k].reshape(-1), bonus_logits_indices=rows[:, k])
         temperature = torch.tensor([0.0, 0.0, 1.0, 0.8, 1.0, 1.0])
         sm = SamplingMetadata(
-            temperature=temperature, all_greedy=False, all_random=False, top_p=torch.full((b,), 0.9), top_k=None,
+            temperature=temperature, all_greedy=False, all_random=False, top_k=None,
+            top_p=torch.tensor([0.9, 0.9, 0.9, 0.9, 1.0 if untruncated else 0.9, 0.9]),
             generators={3: torch.Generator().manual_seed(9)} if seeded else {}, max_num_logprobs=None,
             no_penalties=True, prompt_token_ids=None, frequency_penalties=torch.zeros(b),
             presence_penalties=torch.zeros(b), repetition_penalties=torch.ones(b), output_token_ids=[[]] * b,
@@ -131,12 +131,12 @@ def cpu_sampler():
     on_candidates = module.on_candidates
     sampler = module.PEagleRejectionSampler(Sampler(), None, "cpu", top_p_candidates=16)
 
-    def run(flatter: float = 1.0, seeded: bool = False, candidates: bool = True):
+    def run(flatter: float = 1.0, seeded: bool = False, candidates: bool = True, untruncated: bool = False):
         def spy(*args):
             taken.append(on_candidates(*args) if candidates else None)
             return taken[-1]
 
-        meta, q, logits, sm = step(flatter, seeded)
+        meta, q, logits, sm = step(flatter, seeded, untruncated)
         module.on_candidates = spy
         try:
             torch.manual_seed(0)
@@ -167,10 +167,12 @@ def test_a_row_too_flat_for_its_candidates_tries_eight_times_as_many(cpu_sampler
     assert torch.equal((wide >= 0).sum(1), (whole >= 0).sum(1))
 
 
-def test_a_row_too_flat_for_its_candidates_or_a_seed_keeps_the_whole_vocabulary(cpu_sampler) -> None:
+def test_a_row_too_flat_for_its_candidates_an_untruncated_row_or_a_seed_keeps_the_whole_vocabulary(cpu_sampler) -> None:
     run, taken = cpu_sampler
     run(flatter=80)
     assert taken == [None], "a sampled row whose top-p reaches past 8 x 16 candidates"
+    run(untruncated=True)
+    assert taken == [None, None], "a sampled row without top-k/top-p keeps the whole vocabulary"
     out = run(seeded=True)
-    assert len(taken) == 1, "a seeded request: not asked"
+    assert len(taken) == 2, "a seeded request: not asked"
     assert out.shape == (6, 4) and bool((out[:, 0] >= 0).all())

@@ -123,3 +123,11 @@ def test_the_cpu_bonus_sampler_draws_what_vllms_sampler_draws_from_the_same_seed
             assert torch.equal(got[1], expected[1])
         drawn.update(got[0][1:].tolist())
     assert len(drawn) > 20, "the draws vary with the seed"
+
+
+def test_truncation_is_on_where_top_p_is_below_one_or_top_k_within_the_vocabulary() -> None:
+    top_p, top_k = torch.tensor([1.0, 0.9, 1.0, 1.0, 1.0]), torch.tensor([V, V, 5, 0, -1])
+    assert truncation.truncation_on(top_k, top_p, V).tolist() == [False, True, True, False, False]
+    assert truncation.truncation_on(None, top_p, V).tolist() == [False, True, False, False, False]
+    assert truncation.truncation_on(top_k, None, V).tolist() == [False, False, True, False, False]
+    assert truncation.truncation_on(None, None, V) is None

@@ -29,8 +29,8 @@ from vllm.v1.outputs import SamplerOutput
 from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor
 from vllm.v1.sample.rejection_sampler import RejectionSampler
 
-from peagle_vllm.candidate_vocab import Slots, candidate_rows, widened
-from peagle_vllm.truncation import WIDER, kept_candidates
+from peagle_vllm.candidate_vocab import CandidateRows, Slots, candidate_rows, widened
+from peagle_vllm.truncation import WIDER, kept_candidates, truncation_on
 from peagle_vllm.verify import is_lossy, scaled_logits, target_probs, verify
 from peagle_vllm.vllm_adapter.v1.bonus_sampler import with_candidate_top_p
 
@@ -118,13 +118,15 @@ class TargetChunks:
                           for s in range(0, ids.shape[1], self.span)], dim=1)
 
 
-def on_candidates(processed_rows, options, rows: int, cap: int, greedy_rows: torch.Tensor, draft_ids: torch.Tensor,
-                  draft_probs: torch.Tensor | None, candidates: int) -> tuple[torch.Tensor, torch.Tensor | None, Slots] | None:
+def on_candidates(processed_rows, options, rows: int, cap: int, vocab: int, greedy_rows: torch.Tensor,
+                  draft_ids: torch.Tensor, draft_probs: torch.Tensor | None, candidates: int) -> CandidateRows | None:
     """Each draft row's target and draft distributions over its kept candidates (`candidate_vocab`); None where a
-    sampled row's `WIDER` * `candidates` do not hold every token its top-k/top-p keeps (a host read).
-    processed_rows: flat draft rows (a slice) -> [n, V] logits; options: (temperature, top_k, top_p) [rows] or None;
-    greedy_rows [rows]; draft_ids [rows]; draft_probs [rows, V] or None (one-hot drafts); `cap` rows at a time."""
+    sampled row has no top-k/top-p or its `WIDER` * `candidates` do not hold every token they keep (host reads).
+    processed_rows: flat draft rows (a slice or ids) -> [n, V] logits; options: (temperature, top_k, top_p) [rows] or
+    None; greedy_rows [rows]; draft_ids [rows]; draft_probs [rows, V] or None (one-hot drafts); `cap` rows at a time."""
     temp, top_k, top_p = options
+    if not bool((truncation_on(top_k, top_p, vocab) | greedy_rows).all()):  # a sampled row keeps every token
+        return None
 
     def cut(r, c: int):  # flat draft rows (a slice or ids) -> `kept_candidates` of c candidates
         return kept_candidates(scaled_logits(processed_rows(r), temp[r]), None if top_k is None else top_k[r],
@@ -211,8 +213,9 @@ class PEagleRejectionSampler(RejectionSampler):
             small = None
             if self.top_p_candidates is not None and not sampling_metadata.generators and any(
                     x is not None for x in options[1:]):  # CPU, unseeded, top-k/top-p on: maybe the candidates only
-                small = on_candidates(processed_rows, options, rows, cap, _per_draft(is_greedy, num_draft, rows),
-                                      metadata.draft_token_ids.long(), draft_probs, self.top_p_candidates)
+                small = on_candidates(processed_rows, options, rows, cap, logits.shape[-1],
+                                      _per_draft(is_greedy, num_draft, rows), metadata.draft_token_ids.long(),
+                                      draft_probs, self.top_p_candidates)
             if small is not None:  # [B, K, M] instead of [B, K, V]
                 probs, q = _pad(small.p, index, valid), None if small.q is None else _pad(small.q, index, valid)
                 slots = Slots(_pad(small.ids, index, valid), _pad(small.drafts, index, valid))
