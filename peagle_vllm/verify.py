@@ -298,18 +298,20 @@ def verify_block(drafts: torch.Tensor, num_draft: torch.Tensor, draft_probs: Dis
 
 
 def verify(mode: str, drafts: torch.Tensor, num_draft: torch.Tensor, draft_probs: Dists | None,
-           probs: Dists | None, target_argmax: torch.Tensor, bonus: torch.Tensor, is_greedy: torch.Tensor,
+           probs: Dists | None, target_argmax: torch.Tensor | None, bonus: torch.Tensor, is_greedy: torch.Tensor,
            generators: dict[int, torch.Generator] | None = None, accept_k: int = 1, accept_tolerance: float = 0.0,
            target_logits: torch.Tensor | None = None, slots: Slots | None = None) -> VerifyResult:
     """Mixed batch: temperature-0 rows by argmax match (or, when `is_lossy(accept_k, accept_tolerance)`, by
     `within_tolerance` over target_logits [B, K, V]), the others losslessly by `mode` ("block", or token-wise
-    for "standard"/"auto"). probs [B, K, V] None: every row is greedy (a host fact the caller has). slots: probs
-    and draft_probs are [B, K, M] over each position's own M slots (`candidate_vocab`), with no generators."""
-    if is_lossy(accept_k, accept_tolerance):
+    for "standard"/"auto"). probs [B, K, V] None: every row is greedy; target_argmax [B, K] None: none is (host
+    facts the caller has). slots: probs and draft_probs are [B, K, M] over each position's own M slots
+    (`candidate_vocab`), with no generators."""
+    greedy = None
+    if target_argmax is not None and is_lossy(accept_k, accept_tolerance):
         if target_logits is None:
             raise ValueError("verify: lossy acceptance (accept_k > 1, accept_tolerance > 0) needs target_logits")
         greedy = verify_tolerant(drafts, num_draft, target_logits, target_argmax, bonus, accept_k, accept_tolerance)
-    else:
+    elif target_argmax is not None:
         greedy = verify_greedy(drafts, num_draft, target_argmax, bonus)
     if probs is None:
         return greedy
@@ -324,6 +326,8 @@ def verify(mode: str, drafts: torch.Tensor, num_draft: torch.Tensor, draft_probs
         last = on_slots.tokens.gather(1, n.unsqueeze(1)).squeeze(1)
         drawn = token_ids(slots.ids, n.clamp(max=drafts.shape[1] - 1), last)
         sampled = _assemble(drafts, n, torch.where(n == num_draft, bonus, drawn))
+    if greedy is None:
+        return sampled
     pick = is_greedy.unsqueeze(1)
     return VerifyResult(torch.where(pick, greedy.tokens, sampled.tokens),
                         torch.where(is_greedy, greedy.num_accepted, sampled.num_accepted),

@@ -144,6 +144,21 @@ def test_mixed_batch_keeps_greedy_rows_exact() -> None:
         assert res.num_accepted[row] == 2
 
 
+def test_a_batch_without_greedy_rows_needs_no_target_argmax() -> None:
+    torch.manual_seed(0)
+    b, k, v = 6, 5, 11
+    logits = torch.randn(b, k, v)
+    drafts, num, bonus = logits.argmax(-1), torch.full((b,), k), torch.zeros(b, dtype=torch.long)
+    probs = target_probs(logits.view(-1, v), torch.ones(b * k)).view(b, k, v)
+    sampled = torch.zeros(b, dtype=torch.bool)
+    torch.manual_seed(1)
+    with_argmax = verify("block", drafts, num, None, probs, drafts, bonus, sampled)
+    torch.manual_seed(1)
+    without = verify("block", drafts, num, None, probs, None, bonus, sampled)
+    assert torch.equal(without.tokens, with_argmax.tokens) and torch.equal(without.accepted, with_argmax.accepted)
+    assert 0 < int(without.num_accepted.sum()) < b * k, "some drafts accepted, some not"
+
+
 def test_top_k_top_p_min_p_match_definitions() -> None:
     logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
     one = torch.ones(1)

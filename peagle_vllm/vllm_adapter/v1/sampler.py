@@ -194,8 +194,8 @@ class PEagleRejectionSampler(RejectionSampler):
             return processed[r] if processed is not None else logits[metadata.target_logits_indices[r]].float()
 
         cap = self.max_rows or b  # rows processed at once
-        argmax = _pad(torch.cat([processed_rows(slice(s, s + cap)).argmax(-1) for s in range(0, rows, cap)]),
-                      index, valid)
+        argmax = None if sampling_metadata.all_random else _pad(  # [B, K], read by greedy rows only
+            torch.cat([processed_rows(slice(s, s + cap)).argmax(-1) for s in range(0, rows, cap)]), index, valid)
         if sampling_metadata.all_greedy:
             is_greedy = torch.ones(b, dtype=torch.bool, device=dev)
             probs = q = None
