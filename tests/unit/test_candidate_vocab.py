@@ -95,8 +95,8 @@ def test_candidate_rows_put_a_draft_outside_the_candidates_in_its_own_slot() -> 
 @pytest.fixture
 def cpu_sampler():
     """PEagleRejectionSampler as on CPU (top-k/top-p from 16 candidates), and a step's inputs: 6 requests, 3 drafts
-    each, over 400 tokens; rows 0-1 greedy, row 5's logits divided by `flatter` (3: top-p keeps 22-51 tokens, 80:
-    nearly all)."""
+    each, over 400 tokens; requests 0-1 greedy, request 3 seeded when `seeded`, request 4 without top-p when
+    `untruncated`, request 5's logits divided by `flatter` (3: top-p keeps 22-51 tokens, 80: nearly all)."""
     pytest.importorskip("vllm")
     import vllm._custom_ops  # noqa: F401  (the CPU sampler's kernels)
     from vllm.v1.sample.logits_processor import LogitsProcessors
