@@ -125,7 +125,8 @@ def on_candidates(processed_rows, options, rows: int, cap: int, vocab: int, gree
     processed_rows: flat draft rows (a slice or ids) -> [n, V] logits; options: (temperature, top_k, top_p) [rows] or
     None; greedy_rows [rows]; draft_ids [rows]; draft_probs [rows, V] or None (one-hot drafts); `cap` rows at a time."""
     temp, top_k, top_p = options
-    if not bool((truncation_on(top_k, top_p, vocab) | greedy_rows).all()):  # a sampled row keeps every token
+    on = truncation_on(top_k, top_p, vocab)
+    if on is None or not bool((on | greedy_rows).all()):  # a sampled row keeps every token
         return None
 
     def cut(r, c: int):  # flat draft rows (a slice or ids) -> `kept_candidates` of c candidates
@@ -211,8 +212,7 @@ class PEagleRejectionSampler(RejectionSampler):
             probs = TargetChunks(make, index, valid, logits.shape[-1], cap)
             q = None if draft_probs is None else DraftRows(draft_probs, index, valid)
             small = None
-            if self.top_p_candidates is not None and not sampling_metadata.generators and any(
-                    x is not None for x in options[1:]):  # CPU, unseeded, top-k/top-p on: maybe the candidates only
+            if self.top_p_candidates is not None and not sampling_metadata.generators:  # CPU, unseeded
                 small = on_candidates(processed_rows, options, rows, cap, logits.shape[-1],
                                       _per_draft(is_greedy, num_draft, rows), metadata.draft_token_ids.long(),
                                       draft_probs, self.top_p_candidates)
