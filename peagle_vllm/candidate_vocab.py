@@ -1,4 +1,5 @@
-"""Lossless verification over each draft row's kept candidates instead of the whole vocabulary.
+"""Lossless verification over each draft row's kept candidates instead of the whole vocabulary, and draws
+among a row's kept candidates (`draw_kept`).
 
 Where top-k/top-p leave a target row p its candidates only (`truncation.kept_candidates`), everything the
 verifier reads lies in a small vocabulary of its own: p's C candidates, then one slot for the draft token. Rules:
@@ -66,3 +67,11 @@ def token_ids(slot_ids: torch.Tensor, position: torch.Tensor, slot: torch.Tensor
     """slot_ids [B, K, M], position [B] and slot [B] -> [B] the token id in slot[b] of request b's position[b]."""
     rows = torch.arange(slot_ids.shape[0], device=slot_ids.device)
     return slot_ids[rows, position, slot.clamp(0, slot_ids.shape[2] - 1)]
+
+
+def draw_kept(ids: torch.Tensor, kept: torch.Tensor, noise: torch.dtype = torch.float32) -> torch.Tensor:
+    """[N] one token id per row drawn from softmax(kept): an exponential race, argmax(kept - log E) with E ~ Exp(1)
+    (`noise` its dtype), exact for any row with a finite logit. ids, kept [N, C]: candidates and their logits
+    (-inf where cut)."""
+    race = kept.to(noise) - torch.empty(kept.shape, dtype=noise, device=kept.device).exponential_().log()
+    return ids.gather(1, race.argmax(1, keepdim=True)).squeeze(1)

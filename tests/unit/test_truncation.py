@@ -125,6 +125,51 @@ def test_the_cpu_bonus_sampler_draws_what_vllms_sampler_draws_from_the_same_seed
     assert len(drawn) > 20, "the draws vary with the seed"
 
 
+def test_the_cpu_bonus_sampler_draws_unseeded_rows_among_their_candidates_from_the_cut_distribution() -> None:
+    """Unseeded rows whose candidates hold every kept token never reach vLLM's draw over the whole vocabulary, and
+    their tokens follow the cut distribution (chi-square, 8,000 draws of one row keeping 21 tokens); a flat row (the candidates do not
+    hold it) and a seeded one go to vLLM's draw, alone, the seeded one drawing what vLLM's sampler draws."""
+    pytest.importorskip("vllm")
+    from scipy.stats import chisquare
+    import vllm._custom_ops  # noqa: F401  (the CPU sampler's kernels)
+    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+
+    from peagle_vllm.vllm_adapter.v1.bonus_sampler import CandidateTopKTopP
+
+    reached = []
+
+    class Spy(TopKTopPSampler):
+        def forward_cpu(self, logits, generators, k, p):
+            reached.append((logits.shape[0], dict(generators)))
+            return super().forward_cpu(logits, generators, k, p)
+
+    inner = Spy()
+    inner.forward = inner.forward_cpu
+    ours = CandidateTopKTopP(inner, candidates=64)
+    peaked = torch.randn(1, V, generator=torch.Generator().manual_seed(5))
+    peaked[0, :30] += 7  # top-p 0.9 keeps 21 tokens, all among the 64 candidates
+    flat = _rows(2, 5)[1:]
+    n = 8000
+    top_p = torch.full((n,), 0.9)
+    tokens, cut = ours(peaked.expand(n, -1).clone(), {}, None, top_p)
+    assert cut is None and reached == [], "no row reached vLLM's draw"
+    probs = peaked.masked_fill(truncation.by_sorting(peaked, None, top_p[:1]), float("-inf")).softmax(-1)[0]
+    observed = torch.bincount(tokens, minlength=V).double()
+    support = probs > 0
+    assert observed[~support].sum() == 0 and support.sum() == 21, "only kept tokens"
+    assert chisquare(observed[support].numpy(), (probs[support].double() / probs[support].double().sum() * n).numpy()).pvalue > 0.001
+
+    seed = torch.Generator().manual_seed(7)
+    rows = torch.cat([peaked, flat, peaked, peaked])
+    tokens, _ = ours(rows.clone(), {2: seed}, None, torch.full((4,), 0.9))
+    assert [(size, list(gens)) for size, gens in reached] == [(2, [1])], "the flat row and the seeded one, alone"
+    expected_seeded = Spy().forward_cpu(rows[2:3].masked_fill(truncation.by_sorting(rows[2:3], None, top_p[:1]),
+                                                              float("-inf")), {0: torch.Generator().manual_seed(7)},
+                                        None, None)[0]
+    assert tokens[2] == expected_seeded[0]
+    assert not truncation.by_sorting(rows, None, torch.full((4,), 0.9))[torch.arange(4), tokens].any()
+
+
 def test_truncation_is_on_where_top_p_is_below_one_or_top_k_within_the_vocabulary() -> None:
     top_p, top_k = torch.tensor([1.0, 0.9, 1.0, 1.0, 1.0]), torch.tensor([V, V, 5, 0, -1])
     assert truncation.truncation_on(top_k, top_p, V).tolist() == [False, True, True, False, False]

@@ -2,7 +2,7 @@
 logits, sampling_metadata) -> SamplerOutput`) with our verification (`peagle_vllm.verify`).
 
 Kept from vLLM: the bonus token from vLLM's own Sampler (so it honours every sampling option and
-seed exactly as plain decoding does; on CPU its top-k/top-p mask comes from `truncation`, `bonus_sampler`),
+seed exactly as plain decoding does; on CPU its top-k/top-p and draw come from each row's candidates, `bonus_sampler`),
 penalties/bad-words/min-tokens on the draft rows, logprobs and the output layout. Ours: the processed target
 distribution (temperature, top-k, top-p in plain torch: no crash on CPU; on CPU from each row's most likely
 tokens, `truncation`; vLLM itself refuses min_p requests under speculation) and greedy/token-wise/block
