@@ -2,8 +2,7 @@
 rejection sampler inside one engine (the depth head at fixed K, T=1, top-p 0.9), cells alternating between draws
 among the candidates (on) and the mask over the whole vocabulary with vLLM's draw (off: the code before), three
 cells each. Run from the repository root:
-`PYTHONPATH=. .venv/bin/python results/bonus-candidates-s58/time_bonus.py C K` (K=0: no-spec fallback is not
-forced; K is the fixed depth)."""
+`PYTHONPATH=. .venv/bin/python results/bonus-candidates-s58/time_bonus.py C K` (C concurrent requests, fixed K)."""
 import json, statistics, sys, time
 from pathlib import Path
 from peagle_vllm.harness.runs import set_cpu_defaults, quiet_vllm, close_llm

@@ -1,7 +1,7 @@
 """The sampler of the token after the drafts (and of every token while adaptive depth drafts none), on CPU:
 vLLM's own Sampler, so every option, penalty, processor and logprobs mode is plain decoding's, with its last
-step, top-k/top-p and the draw, from each row's most likely tokens (`truncation`) in place of a sort of the whole
-vocabulary. Rules: an unseeded row whose candidates hold every token top-k/top-p keeps draws among them
+step (top-k/top-p and the draw) made from each row's most likely tokens (`truncation`) instead of a sort of the
+whole vocabulary. Rules: an unseeded row whose candidates hold every token top-k/top-p keeps draws among them
 (`candidate_vocab.draw_kept`: the same distribution); a seeded row, any other row, and every row where the cut
 logits are returned (processed logprobs modes) get the same mask over the whole vocabulary and vLLM's own draw,
 so a seed draws the token plain decoding draws."""
