@@ -124,10 +124,13 @@ class Curves:
 
 class Acceptance:
     """Every request's acceptance counts (decayed by `decay` per observation), and the all-request prior each
-    request's rates are shrunk towards by `prior_weight` pseudo-observations."""
+    request's rates are shrunk towards by `prior_weight` pseudo-observations, `batch_prior_weight` (default: the
+    same) in a batch of more than one request: there the prior pools requests decoding together, and a request's
+    few latest draws (at T=1 each draft is a coin toss) say less about its own rate than the pool does."""
 
-    def __init__(self, max_k: int, decay: float, prior_weight: float) -> None:
+    def __init__(self, max_k: int, decay: float, prior_weight: float, batch_prior_weight: float | None = None) -> None:
         self.max_k, self.decay, self.prior_weight = max_k, decay, prior_weight
+        self.batch_prior_weight = prior_weight if batch_prior_weight is None else batch_prior_weight
         self.requests: dict[str, RequestStats] = {}
         self.prior = Counts([0.0] * max_k, [0.0] * max_k)  # all requests' acceptance, one observation after another
         self._zeros = [0.0] * max_k  # the counts of a request not seen yet
@@ -155,8 +158,9 @@ class Acceptance:
 
     def curves(self, req_ids: list[str]) -> Curves:
         """The batch's acceptance curves (a request not seen yet: the prior alone)."""
-        w, zeros, rows = self.prior_weight, self._zeros, []
+        w = self.prior_weight if len(req_ids) == 1 else self.batch_prior_weight
+        zeros, rows = self._zeros, []
         for rid in req_ids:
             s = self.requests.get(rid)
             rows.append((zeros, zeros, w) if s is None else (s.counts.hits, s.counts.tries, w * s.counts.scale))
-        return Curves(rows, self.prior, self.prior_weight, self.max_k)
+        return Curves(rows, self.prior, w, self.max_k)

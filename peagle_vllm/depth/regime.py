@@ -75,6 +75,7 @@ class DepthOptions:
     depth_explore_every: int = 32  # at batch 1, steps between two explorations of a depth beside the chosen one
     decay: float = 0.9  # weight of the past per observation (per request)
     prior_weight: float = 2.0  # pseudo-observations of the global prior in each request's estimate
+    batch_prior_weight: float = 8.0  # the same in a batch of more than one request (`Acceptance`)
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_k <= self.max_k:
@@ -88,7 +89,7 @@ class DepthController:
     def __init__(self, options: DepthOptions) -> None:
         self.opt = options
         k = options.max_k
-        self.acceptance = Acceptance(k, options.decay, options.prior_weight)
+        self.acceptance = Acceptance(k, options.decay, options.prior_weight, options.batch_prior_weight)
         # step costs of greedy batches and of batches with a sampled request: verifying sampled drafts costs more
         # than greedy ones, and one fit over both puts that difference into the draft's fixed cost (`costs_for`)
         self.costs: dict[bool, CostModel] = {False: CostModel()}

@@ -55,6 +55,19 @@ def test_curves_shrink_each_requests_rates_towards_the_prior() -> None:
     assert curves.reaching(1, own[0] * own[1], 3) == 2 and curves.reaching(1, 1.1, 3) == 0
 
 
+def test_a_request_in_a_batch_is_shrunk_towards_the_prior_by_the_batch_weight() -> None:
+    """The same counts weigh the prior `prior_weight` pseudo-observations for a request alone and
+    `batch_prior_weight` for one among others: three rejections in a row pull a request alone to 0.2 a draft, one in
+    a batch to 0.36, where the prior stands at 0.5."""
+    acceptance = Acceptance(max_k=2, decay=0.9, prior_weight=2.0, batch_prior_weight=8.0)
+    acceptance.prior = Counts(tries=[10.0, 0.0], hits=[5.0, 0.0])
+    acceptance.stats("a").counts = Counts(tries=[3.0, 0.0], hits=[0.0, 0.0])
+    alone = acceptance.curves(["a"]).prefix(0, 1)[0]
+    together = acceptance.curves(["a", "b"]).prefix(0, 1)[0]
+    assert alone == pytest.approx(2 * 0.5 / (3 + 2)) and together == pytest.approx(8 * 0.5 / (3 + 8))
+    assert Acceptance(max_k=2, decay=0.9, prior_weight=2.0).batch_prior_weight == 2.0, "the same unless given"
+
+
 def test_forgetting_a_request_drops_its_record() -> None:
     acceptance = Acceptance(max_k=2, decay=0.9, prior_weight=2.0)
     acceptance.observe(["a"], [2], [2])

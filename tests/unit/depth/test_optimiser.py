@@ -29,7 +29,9 @@ def test_expensive_verification_means_shallower_drafts() -> None:
 
 
 def test_batch_shares_one_threshold_good_requests_get_deeper_drafts() -> None:
-    ctrl = DepthController(DepthOptions(max_k=16))
+    # the prior's pull at the weight of one request alone: at the batch weight (8) "bad" is pulled to 0.36 a draft,
+    # which the unfitted step cost still finds worth 15 drafts, so the rule under test would not show
+    ctrl = DepthController(DepthOptions(max_k=16, batch_prior_weight=2.0))
     for _ in range(40):
         ctrl.observe(["good", "bad"], [16, 16], [15, 0])
     ctrl.observe_step(Step(tokens=2, draft_rows=0, seconds=0.01, requests=2, emitted=2))  # plain speed known
