@@ -1,6 +1,8 @@
 """Adaptive depth's prior weight in batches of more than one request (`DepthOptions.batch_prior_weight`) A/B in one
-process: fixed K and one adaptive engine (K_max 8) per weight W, all built at once, the benchmark's cell (C concurrent, held-out prompts x 64 tokens)
-in interleaved rounds; paired ratios against the fixed K (K 0: no speculation). Run from the repository root:
+process: fixed K and one adaptive engine (K_max 8) per weight W, all built at once, the benchmark's cell (C
+concurrent, PROMPTS held-out prompts x 64 tokens, temperature T, top-p 0.9) in ROUNDS interleaved rounds; paired
+ratios against the fixed K (K 0: no speculation). The logs beside it (ab.log, ab-c4-t1-12.log) are its output; the
+first A/B in docs/adaptive-depth-log.md set `prior_weight` (both weights) instead. Run from the repository root:
 `PYTHONPATH=. .venv/bin/python results/adaptive-prior-weight-s58/ab_prior_weight.py C K T PROMPTS ROUNDS W [W ...]`"""
 import dataclasses, json, statistics, sys
 from pathlib import Path

@@ -127,8 +127,9 @@ def test_the_cpu_bonus_sampler_draws_what_vllms_sampler_draws_from_the_same_seed
 
 def test_the_cpu_bonus_sampler_draws_unseeded_rows_among_their_candidates_from_the_cut_distribution() -> None:
     """Unseeded rows whose candidates hold every kept token never reach vLLM's draw over the whole vocabulary, and
-    their tokens follow the cut distribution (chi-square, 8,000 draws of one row keeping 21 tokens); a flat row (the candidates do not
-    hold it) and a seeded one go to vLLM's draw, alone, the seeded one drawing what vLLM's sampler draws."""
+    their tokens follow the cut distribution (chi-square, 8,000 draws of one row keeping 21 tokens); a flat row (the
+    candidates do not hold it) and a seeded one go to vLLM's draw, alone, the seeded one drawing what vLLM's sampler
+    draws."""
     pytest.importorskip("vllm")
     from scipy.stats import chisquare
     import vllm._custom_ops  # noqa: F401  (the CPU sampler's kernels)
@@ -157,7 +158,8 @@ def test_the_cpu_bonus_sampler_draws_unseeded_rows_among_their_candidates_from_t
     observed = torch.bincount(tokens, minlength=V).double()
     support = probs > 0
     assert observed[~support].sum() == 0 and support.sum() == 21, "only kept tokens"
-    assert chisquare(observed[support].numpy(), (probs[support].double() / probs[support].double().sum() * n).numpy()).pvalue > 0.001
+    expected = probs[support].double() / probs[support].double().sum() * n
+    assert chisquare(observed[support].numpy(), expected.numpy()).pvalue > 0.001
 
     seed = torch.Generator().manual_seed(7)
     rows = torch.cat([peaked, flat, peaked, peaked])
