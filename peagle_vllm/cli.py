@@ -12,6 +12,7 @@ DEMO_TARGET = REPO / "models" / "SmolLM2-135M-Instruct"
 # target directory name -> the shipped head the demo drafts with
 DEMO_DRAFTS = {"SmolLM2-135M-Instruct": REPO / "models" / "smollm2-peagle-depth",
                "demo-target": REPO / "models" / "demo-peagle-depth"}
+USER_TURNS = "user-turns"  # distill's source of prompts the target writes itself (harness/user_turns.py)
 
 
 def _fail(message: str) -> None:
@@ -196,7 +197,15 @@ def cmd_distill(args: argparse.Namespace) -> None:
     from peagle_vllm.harness.distill import distill
     from peagle_vllm.train.prompts import training_prompts
 
-    prompts = training_prompts(0, args.prompts, seed=args.seed, source=args.source)
+    if args.source == USER_TURNS:
+        from peagle_vllm.harness.user_turns import user_turns
+
+        try:
+            prompts = user_turns(args.target, Path(args.out) / "user_turns.json", args.prompts)
+        except ValueError as exc:
+            _fail(str(exc))
+    else:
+        prompts = training_prompts(0, args.prompts, seed=args.seed, source=args.source)
     record = distill(args.target, prompts, Path(args.out), args.max_tokens, max_num_seqs=args.max_num_seqs)
     print(json.dumps({"out": str(Path(args.out).resolve()), **record}))
 
@@ -330,9 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-tokens", type=int, default=256)
     s.add_argument("--max-num-seqs", type=int, default=256, help="requests vLLM runs at once")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--source", choices=sorted(SOURCES), default="templates",
+    s.add_argument("--source", choices=[*sorted(SOURCES), USER_TURNS], default="templates",
                    help="which prompt builder: stdlib-centred templates, everyday requests phrased many ways, "
-                        "or questions on yet other subjects")
+                        "questions on yet other subjects, or user turns the target writes itself (kept in "
+                        "OUT/user_turns.json)")
     s.set_defaults(func=cmd_distill)
 
     b = sub.add_parser("bench", help="no-spec vs vLLM eagle3 vs vLLM parallel drafting vs p_eagle, side by side")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
 import shutil
 import time
@@ -39,8 +40,9 @@ REPO = Path(__file__).resolve().parent.parent
 TARGET = REPO / "models" / "SmolLM2-135M-Instruct"
 HEADS = {"smollm2-peagle-depth": "depth", "smollm2-peagle-standard": "standard", "smollm2-eagle3": "eagle3"}
 DATA_DIR = REPO / "datasets" / "smollm2"
-# Data sets: which of training_prompts' prompts each one answers (from its `source`, default the templates), and the
-# precision of its capture.
+# Data sets: which of training_prompts' prompts each one answers (from its `source`, default the templates; source
+# "user-turns": messages the target writes itself, harness/user_turns.py, kept in DATA_DIR/<name>-prompts.json), and
+# the precision of its capture.
 DATASETS = {"distill": dict(prompts=(0, 3072), capture="float32"),
             "distill-b": dict(prompts=(3072, 6144), capture="bfloat16"),
             "distill-c": dict(prompts=(6144, 9216), capture="bfloat16"),
@@ -52,25 +54,35 @@ DATASETS = {"distill": dict(prompts=(0, 3072), capture="float32"),
 # Data sets committed in DATA_DIR that no stage reads: a pass over each gave no held-out acceptance
 # (docs/smollm2-heads.md). Moved into DATASETS, one becomes a stage again.
 SHELVED = {"distill-g": dict(prompts=(18432, 21504), capture="bfloat16"),
-           "requests-b": dict(source="requests", prompts=(3072, 6144), capture="bfloat16")}
+           "requests-b": dict(source="requests", prompts=(3072, 6144), capture="bfloat16"),
+           "user-turns": dict(source="user-turns", prompts=(0, 2560), capture="bfloat16")}
 RECIPE = dict(k=16, seq_len=384, warmup=20, draft_vocab=8192, share_embeddings=True, checkpoint_every=16)
 # Each stage ends at step `steps`, with its own warmup and cosine decay to zero from `lr`. The CPU stages are one pass
-# each (384 steps of 8 conversations): two over the first data set, then one over each other. The `gpu` stages that
-# follow are two passes each (96 steps of 64 conversations) over data sets the heads have seen, sized for a GPU, where
-# such a step costs 0.1-0.3 s (H200); a new data set goes in before them (passes over new prompts raise acceptance,
-# repeats barely). Stages peak at PEAK_LR for the first EARLY_PASSES passes and at LATE_LR after them: from a head
-# this far along, a peak of PEAK_LR first undoes what it learnt (docs/smollm2-heads.md). Depth d's loss weighs
-# DECAY**d for the first DECAY_PASSES passes and LATE_DECAY**d after them: the late passes spend more of the head on
-# the first drafts, which acceptance needs most.
+# each (a data set's conversations, 8 a step: 384 steps for 3,072): two over the first data set, then one over each
+# other. The `gpu` stages that follow are two passes each (64 conversations a step: 96 steps for 3,072) over data sets
+# the heads have seen, sized for a GPU, where such a step costs 0.1-0.3 s (H200); a new data set goes in before them
+# (passes over new prompts raise acceptance, repeats barely). Stages peak at PEAK_LR for the first EARLY_PASSES passes
+# and at LATE_LR after them: from a head this far along, a peak of PEAK_LR first undoes what it learnt
+# (docs/smollm2-heads.md). Depth d's loss weighs DECAY**d for the first DECAY_PASSES passes and LATE_DECAY**d after
+# them: the late passes spend more of the head on the first drafts, which acceptance needs most.
 PEAK_LR, LATE_LR, EARLY_PASSES = 2e-3, 5e-4, 6
 DECAY, LATE_DECAY, DECAY_PASSES = 0.8, 0.5, 8
 LATER_SETS = list(DATASETS)[1:]
 CPU_PASSES = ["distill", "distill", *LATER_SETS]
-STAGES = [*[dict(steps=384 * (i + 1), precision="float32" if i == 0 else "bfloat16", data=data,
+
+
+def _pass_steps(data: str, batch_size: int) -> int:
+    start, end = DATASETS[data]["prompts"]
+    return (end - start) // batch_size
+
+
+CPU_ENDS = list(itertools.accumulate(_pass_steps(data, 8) for data in CPU_PASSES))
+GPU_ENDS = list(itertools.accumulate((2 * _pass_steps(data, 64) for data in LATER_SETS), initial=CPU_ENDS[-1]))[1:]
+STAGES = [*[dict(steps=CPU_ENDS[i], precision="float32" if i == 0 else "bfloat16", data=data,
                  lr=PEAK_LR if i < EARLY_PASSES else LATE_LR, depth_decay=DECAY if i < DECAY_PASSES else LATE_DECAY)
              for i, data in enumerate(CPU_PASSES)],
-          *[dict(steps=384 * len(CPU_PASSES) + 96 * (i + 1), precision="bfloat16", data=data, lr=LATE_LR,
-                 depth_decay=LATE_DECAY, batch_size=64, gpu=True) for i, data in enumerate(LATER_SETS)]]
+          *[dict(steps=GPU_ENDS[i], precision="bfloat16", data=data, lr=LATE_LR, depth_decay=LATE_DECAY,
+                 batch_size=64, gpu=True) for i, data in enumerate(LATER_SETS)]]
 LAST_STEPS = 16  # the plot's agreement by depth: mean of the last steps (one batch alone is noisy)
 
 
@@ -200,6 +212,7 @@ def main() -> None:
     args = parser.parse_args()
     from peagle_vllm.harness.distill import LOG, distill
     from peagle_vllm.harness.real_target import check_converted
+    from peagle_vllm.harness.user_turns import user_turns
     from peagle_vllm.train.prompts import training_prompts
     from peagle_vllm.train.capture import cache_dir_for, capture_conversations
     from peagle_vllm.train.data import read_conversations
@@ -221,7 +234,11 @@ def main() -> None:
         if (DATA_DIR / name).is_dir():  # restored: distilled before, no target run needed
             record = json.loads((data / LOG).read_text())
         else:
-            prompts = training_prompts(*spec["prompts"], source=spec.get("source", "templates"))
+            if spec.get("source") == "user-turns":
+                start, end = spec["prompts"]
+                prompts = user_turns(str(TARGET), DATA_DIR / f"{name}-prompts.json", end)[start:]
+            else:
+                prompts = training_prompts(*spec["prompts"], source=spec.get("source", "templates"))
             record = distill(str(TARGET), prompts, data)
             _restore_or_keep(data, DATA_DIR / name)
         _record(args.work, f"self-distillation {name}", record["seconds"], tokens=record["tokens"],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import json
 import random
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,23 @@ from peagle_vllm.train.questions import build_questions
 from peagle_vllm.train.requests import build_requests
 
 EVAL_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "eval_prompts.json"  # the held-out user messages
+
+# words that frame a request rather than name its subject ("What is the difference between ... in Python?")
+FRAME = set("a an the in of to and or is are do does i how what why with for my me on it that this you can python "
+            "write show explain from by as be at which when your difference between function program script class "
+            "short simple example examples use using some give tell make".split())
+
+
+def subject_words(message: str) -> set[str]:
+    """The stems (first 5 letters) of a message's words that are not FRAME words."""
+    return {word[:5] for word in re.findall(r"[a-z0-9_*=]+", message.lower()) if word not in FRAME}
+
+
+def subject_overlap(a: str, b: str) -> float:
+    """Jaccard overlap of two messages' subject words: near 1 for the same request in other framing words."""
+    ours, theirs = subject_words(a), subject_words(b)
+    return len(ours & theirs) / len(ours | theirs) if ours | theirs else 1.0
+
 
 SKIP_MODULES = {"antigravity", "this", "idlelib", "turtledemo", "lib2to3", "test", "tkinter", "turtle", "distutils",
                 "ensurepip", "venv", "pydoc_data", "xxsubtype", "xxlimited", "xxlimited_35"}

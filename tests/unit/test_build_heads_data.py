@@ -1,9 +1,10 @@
 """scripts/build_smollm2_heads.py keeps a finished distillation as committed data and restores it instead of
-distilling again, on the CPU trains no further than the first stage sized for a GPU, and calibrates on prompts it
-trained no head on."""
+distilling again (a target-written one, its committed prompts), on the CPU trains no further than the first stage
+sized for a GPU, and calibrates on prompts it trained no head on."""
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import sys
@@ -83,3 +84,23 @@ def test_the_draft_temperature_is_calibrated_on_prompts_no_data_set_holds() -> N
         ends = [spec["prompts"][1] for spec in made if spec.get("source", "templates") == source]
         calibration = training_prompts(start, start + calibrate.PROMPTS, source=source)
         assert start >= max(ends, default=0) and len(set(calibration)) == calibrate.PROMPTS, source
+
+
+def test_a_target_written_data_set_answers_its_committed_prompts_which_obey_the_rules() -> None:
+    from peagle_vllm.harness.user_turns import keep
+    from peagle_vllm.train.prompts import EVAL_PROMPTS
+
+    build = _script()
+    made = {**build.DATASETS, **build.SHELVED}
+    names = [name for name, spec in made.items() if spec.get("source") == "user-turns"]
+    assert names
+    for name in names:
+        prompts = json.loads((build.DATA_DIR / f"{name}-prompts.json").read_text())["prompts"]
+        seen: set[str] = set()
+        assert all(keep(p, seen, json.loads(EVAL_PROMPTS.read_text())) for p in prompts)
+        rows = []
+        for chunk in sorted((build.DATA_DIR / name).glob("chunk-*.jsonl.gz")):
+            with gzip.open(chunk, "rt") as lines:
+                rows += [json.loads(line)["prompt"] for line in lines]
+        start, end = made[name]["prompts"]
+        assert rows == prompts[start:end]
