@@ -12,7 +12,6 @@ DEMO_TARGET = REPO / "models" / "SmolLM2-135M-Instruct"
 # target directory name -> the shipped head the demo drafts with
 DEMO_DRAFTS = {"SmolLM2-135M-Instruct": REPO / "models" / "smollm2-peagle-depth",
                "demo-target": REPO / "models" / "demo-peagle-depth"}
-USER_TURNS = "user-turns"  # distill's source of prompts the target writes itself (harness/user_turns.py)
 
 
 def _fail(message: str) -> None:
@@ -194,14 +193,13 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 def cmd_distill(args: argparse.Namespace) -> None:
     """The target's own responses to the built training prompts, chunk by chunk (resumable)."""
+    from peagle_vllm.harness import user_turns as turns
     from peagle_vllm.harness.distill import distill
     from peagle_vllm.train.prompts import training_prompts
 
-    if args.source == USER_TURNS:
-        from peagle_vllm.harness.user_turns import user_turns
-
+    if args.source == turns.SOURCE:
         try:
-            prompts = user_turns(args.target, Path(args.out) / "user_turns.json", args.prompts)
+            prompts = turns.user_turns(args.target, Path(args.out) / "user_turns.json", args.prompts)
         except ValueError as exc:
             _fail(str(exc))
     else:
@@ -243,6 +241,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from peagle_vllm.harness.user_turns import SOURCE as USER_TURNS
     from peagle_vllm.train.prompts import SOURCES
 
     p = argparse.ArgumentParser(prog="peagle-vllm", description="P-EAGLE parallel speculative decoding for vLLM")

@@ -212,7 +212,7 @@ def main() -> None:
     args = parser.parse_args()
     from peagle_vllm.harness.distill import LOG, distill
     from peagle_vllm.harness.real_target import check_converted
-    from peagle_vllm.harness.user_turns import user_turns
+    from peagle_vllm.harness.user_turns import SOURCE as USER_TURNS, user_turns
     from peagle_vllm.train.prompts import training_prompts
     from peagle_vllm.train.capture import cache_dir_for, capture_conversations
     from peagle_vllm.train.data import read_conversations
@@ -234,7 +234,7 @@ def main() -> None:
         if (DATA_DIR / name).is_dir():  # restored: distilled before, no target run needed
             record = json.loads((data / LOG).read_text())
         else:
-            if spec.get("source") == "user-turns":
+            if spec.get("source") == USER_TURNS:
                 start, end = spec["prompts"]
                 prompts = user_turns(str(TARGET), DATA_DIR / f"{name}-prompts.json", end)[start:]
             else:

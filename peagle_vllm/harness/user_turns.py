@@ -16,6 +16,7 @@ from pathlib import Path
 
 from peagle_vllm.train.prompts import EVAL_PROMPTS, subject_overlap
 
+SOURCE = "user-turns"  # this source's name in `peagle-vllm distill --source` and the build script's data sets
 MIN_WORDS = 4
 HELD_OUT_OVERLAP = 0.6
 MAX_TOKENS = 96  # a longer turn is cut, and left out

@@ -87,12 +87,12 @@ def test_the_draft_temperature_is_calibrated_on_prompts_no_data_set_holds() -> N
 
 
 def test_a_target_written_data_set_answers_its_committed_prompts_which_obey_the_rules() -> None:
-    from peagle_vllm.harness.user_turns import keep
+    from peagle_vllm.harness.user_turns import SOURCE, keep
     from peagle_vllm.train.prompts import EVAL_PROMPTS
 
     build = _script()
     made = {**build.DATASETS, **build.SHELVED}
-    names = [name for name, spec in made.items() if spec.get("source") == "user-turns"]
+    names = [name for name, spec in made.items() if spec.get("source") == SOURCE]
     assert names
     for name in names:
         prompts = json.loads((build.DATA_DIR / f"{name}-prompts.json").read_text())["prompts"]
