@@ -116,6 +116,17 @@ def _restore_or_keep(work_data: Path, committed: Path) -> None:
         tmp.replace(committed)
 
 
+def _prompts(name: str, spec: dict) -> list[str]:
+    """The training prompts a data set answers: built by its source, or written by the target (user turns)."""
+    from peagle_vllm.harness import user_turns as turns
+    from peagle_vllm.train.prompts import training_prompts
+
+    start, end = spec["prompts"]
+    if spec.get("source") == turns.SOURCE:
+        return turns.user_turns(str(TARGET), DATA_DIR / f"{name}-prompts.json", end)[start:]
+    return training_prompts(start, end, source=spec.get("source", "templates"))
+
+
 def stages_to_train(stages: list[dict], done: int, device: str) -> tuple[list[dict], str]:
     """The stages a build on `device` may train once the heads have `done` steps (on the CPU, those before the
     first GPU stage still to come), and the line that refuses that GPU stage ("" when none is cut off)."""
@@ -212,8 +223,6 @@ def main() -> None:
     args = parser.parse_args()
     from peagle_vllm.harness.distill import LOG, distill
     from peagle_vllm.harness.real_target import check_converted
-    from peagle_vllm.harness.user_turns import SOURCE as USER_TURNS, user_turns
-    from peagle_vllm.train.prompts import training_prompts
     from peagle_vllm.train.capture import cache_dir_for, capture_conversations
     from peagle_vllm.train.data import read_conversations
     from peagle_vllm.train.trainer import STATE_DIR, TrainRecipe, default_aux_layers, train
@@ -234,12 +243,7 @@ def main() -> None:
         if (DATA_DIR / name).is_dir():  # restored: distilled before, no target run needed
             record = json.loads((data / LOG).read_text())
         else:
-            if spec.get("source") == USER_TURNS:
-                start, end = spec["prompts"]
-                prompts = user_turns(str(TARGET), DATA_DIR / f"{name}-prompts.json", end)[start:]
-            else:
-                prompts = training_prompts(*spec["prompts"], source=spec.get("source", "templates"))
-            record = distill(str(TARGET), prompts, data)
+            record = distill(str(TARGET), _prompts(name, spec), data)
             _restore_or_keep(data, DATA_DIR / name)
         _record(args.work, f"self-distillation {name}", record["seconds"], tokens=record["tokens"],
                 conversations=record["rows"])

@@ -72,8 +72,8 @@ def user_turns(target: str, path: Path, count: int, per_round: int | None = None
             outs = llm.generate([prefix] * per_round, params, use_tqdm=False)
             record["seconds"] += time.time() - t0
             record["drawn"] += per_round
-            kept = [o.outputs[0].text.strip() for o in outs if o.outputs[0].finish_reason == "stop"
-                    and keep(o.outputs[0].text.strip(), seen, held_out)]
+            ended = [o.outputs[0].text.strip() for o in outs if o.outputs[0].finish_reason == "stop"]
+            kept = [message for message in ended if keep(message, seen, held_out)]
             empty = 0 if kept else empty + 1
             if empty == EMPTY_ROUNDS:
                 raise ValueError(f"{target} wrote no usable user turn in {EMPTY_ROUNDS * per_round} tries (each must "
