@@ -80,7 +80,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
     prompts = _prompts(target, args.prompts, args.prompts_file, args.seed)
     report = run_demo(target, draft, args.k, not args.fixed_k, prompts, args.max_tokens, args.concurrency,
-                      log=(lambda *_: None) if args.json else print)
+                      log=(lambda *_: None) if args.json else print, prompt_lookup_max=args.prompt_lookup)
     print(json.dumps(report) if args.json else render(report))
 
 
@@ -223,10 +223,11 @@ def cmd_bench(args: argparse.Namespace) -> None:
         quiet_vllm()
     from peagle_vllm.harness.bench import MODES, adaptive_summary, markdown_table, run_bench
 
-    unknown = sorted({mode for mode, _ in args.mode_k or []} - {m.name for m in MODES})
-    if unknown:
-        raise SystemExit(f"peagle-vllm bench: --mode-k names unknown modes {', '.join(unknown)}: use one of "
-                         + ", ".join(m.name for m in MODES))
+    for flag, named in (("--modes", args.modes or []), ("--mode-k", [mode for mode, _ in args.mode_k or []])):
+        unknown = sorted(set(named) - {m.name for m in MODES})
+        if unknown:
+            raise SystemExit(f"peagle-vllm bench: {flag} names unknown modes {', '.join(unknown)}: use one of "
+                             + ", ".join(m.name for m in MODES))
     quick = args.quick
     ks = args.k or ([4, 8] if quick else [1, 2, 4, 8, 16])
     concurrencies = args.concurrency or ([1, 4] if quick else [1, 4, 16])
@@ -250,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the target with and without p_eagle: speed, latency, acceptance, identical outputs")
     d.add_argument("--k", type=int, default=8, help="tokens drafted per step (1-32)")
     d.add_argument("--fixed-k", action="store_true", help="draft K tokens every step (adaptive depth off)")
+    d.add_argument("--prompt-lookup", type=int, metavar="N", help="prompt lookup beside the head: greedy requests' "
+                   "first drafts from their own text, n-grams up to N (the config's prompt_lookup_max; default off)")
     d.add_argument("--json", action="store_true", help="print one JSON object (top level: the first concurrency)")
     d.add_argument("--target", default=str(DEMO_TARGET), help="target model directory (models/demo-target: the "
                    "tiny test target)")
@@ -369,7 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--mode-k", type=_mode_ks, nargs="*", metavar="MODE=K,K",
                    help="the Ks of one mode, instead of --k (e.g. vllm-eagle3=1,2)")
     b.add_argument("--modes", nargs="*", help="subset of: no-spec vllm-eagle3 vllm-parallel p_eagle-standard "
-                   "p_eagle-depth p_eagle-depth-adaptive")
+                   "p_eagle-depth p_eagle-depth-adaptive (the default), p_eagle-depth-lookup "
+                   "p_eagle-depth-adaptive-lookup (with prompt_lookup_max 5)")
     b.add_argument("--verbose", action="store_true", help="show vLLM's INFO logs")
     b.set_defaults(func=cmd_bench)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from peagle_vllm.draft_temperature import DraftTemperatureError, checked
 from peagle_vllm.head import HeadConfig
+from peagle_vllm.lookup import DEFAULT_MIN_N, PromptLookup
 from peagle_vllm.matmul_dtype import MATMUL_DTYPES
 from peagle_vllm.verify import is_lossy
 
@@ -18,7 +19,7 @@ MAX_K = 32
 VERIFY_MODES = ("auto", "standard", "block")
 # Keys that are ours; everything else in the dict is handed to vLLM's SpeculativeConfig.
 OWN_KEYS = ("verify", "adaptive", "min_k", "acceptance_warn_below", "verifier_accept_k", "accept_tolerance",
-            "head_matmul_dtype", "draft_temperature")
+            "head_matmul_dtype", "draft_temperature", "prompt_lookup_max", "prompt_lookup_min")
 # speculators' lossy acceptance (GreedyTokenProposalConfig), never taken from a checkpoint: lossless defaults.
 TOLERANCE_KEYS = ("verifier_accept_k", "accept_tolerance")
 # vLLM keys whose meaning conflicts with p_eagle (it sets them itself).
@@ -34,7 +35,7 @@ REFUSED_KEYS = {
     "enable_adaptive_verification": "p_eagle chooses its own verification; use 'verify'",
 }
 # Options of other methods: accepted by vLLM's config but meaningless for p_eagle.
-for _key in ("prompt_lookup_max", "prompt_lookup_min", "suffix_decoding_max_tree_depth",
+for _key in ("suffix_decoding_max_tree_depth",
              "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob"):
     REFUSED_KEYS[_key] = "it is an option of another speculative method (ngram/suffix); drop it"
 
@@ -57,6 +58,13 @@ class PEagleOptions:
     accept_tolerance: float = 0.0  # ... when log p_top - log p_draft <= this (0: exact match only)
     head_matmul_dtype: str = "auto"  # the head's matmuls: bfloat16 on a capable CPU, else its dtype (`matmul_dtype`)
     draft_temperature: float | None = None  # sampled drafts at T x this (`draft_temperature`); None: the head's own
+    prompt_lookup_max: int | None = None  # greedy requests' first drafts from their own text (`lookup`); None: off
+    prompt_lookup_min: int = DEFAULT_MIN_N  # shortest n-gram prompt lookup matches
+
+    @property
+    def prompt_lookup(self) -> PromptLookup | None:
+        """Prompt lookup beside the head (`lookup.PromptLookup`), or None where it is off."""
+        return None if self.prompt_lookup_max is None else PromptLookup(self.prompt_lookup_min, self.prompt_lookup_max)
 
     def draft_temperature_for(self, head: HeadConfig) -> float:
         """The factor on a sampled request's T that its drafts are drawn at: this config's, else the head's own."""
@@ -126,6 +134,7 @@ def split_p_eagle_config(user: dict[str, Any], known_vllm_keys: set[str] | None 
             draft_temperature = checked(draft_temperature, _field("draft_temperature"))
         except DraftTemperatureError as exc:
             raise PEagleConfigError(str(exc)) from exc
+    lookup_max, lookup_min = _prompt_lookup(cfg)
     for key, fix in REFUSED_KEYS.items():
         if key in cfg:
             raise PEagleConfigError(f"{_field(key)} cannot be used with p_eagle: {fix}")
@@ -138,7 +147,27 @@ def split_p_eagle_config(user: dict[str, Any], known_vllm_keys: set[str] | None 
     return PEagleOptions(model=model, num_speculative_tokens=k, verify=verify, adaptive=adaptive, min_k=min_k,
                          acceptance_warn_below=float(warn_below), verifier_accept_k=accept_k,
                          accept_tolerance=float(tolerance), head_matmul_dtype=matmul_dtype,
-                         draft_temperature=draft_temperature), passthrough
+                         draft_temperature=draft_temperature, prompt_lookup_max=lookup_max,
+                         prompt_lookup_min=lookup_min), passthrough
+
+
+def _prompt_lookup(cfg: dict[str, Any]) -> tuple[int | None, int]:
+    """(prompt_lookup_max, prompt_lookup_min): max turns prompt lookup on, min defaults to `DEFAULT_MIN_N` (at most
+    max)."""
+    top, low = cfg.get("prompt_lookup_max"), cfg.get("prompt_lookup_min")
+    for name, value in (("prompt_lookup_max", top), ("prompt_lookup_min", low)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64):
+            raise PEagleConfigError(f"{_field(name)} must be an n-gram length from 1 to 64, got {value!r}")
+    if top is None:
+        if low is not None:
+            raise PEagleConfigError(f"{_field('prompt_lookup_min')} needs {_field('prompt_lookup_max')}, which turns "
+                                    "prompt lookup on: add it (e.g. 5) or drop prompt_lookup_min")
+        return None, DEFAULT_MIN_N
+    low = min(DEFAULT_MIN_N, top) if low is None else low
+    if low > top:
+        raise PEagleConfigError(f"{_field('prompt_lookup_min')} is {low}, above prompt_lookup_max ({top}): the "
+                                "shortest n-gram matched cannot be longer than the longest")
+    return top, low
 
 
 def check_head_fits_target(head: HeadConfig, where: str, target_hidden_size: int, target_vocab_size: int,

@@ -62,6 +62,7 @@ class EngineFigures:
     chosen_k: dict[int, int] = field(default_factory=dict)  # K -> request-steps given that K
     steps_without_draft: int = 0  # every scheduled request in fallback: the head did not run
     draft_us: list[int] = field(default_factory=list)  # each draft forward's time, microseconds
+    lookup_drafts: int = 0  # drafts that prompt lookup gave in place of the head's (within each request's K)
 
     def add_choices(self, ks: list[int]) -> None:
         if not any(ks):  # a step in fallback (most steps at larger batches): one count
@@ -81,6 +82,7 @@ class EngineFigures:
             self.chosen_k[k] = self.chosen_k.get(k, 0) + n
         self.steps_without_draft += other.steps_without_draft
         self.draft_us.extend(other.draft_us)
+        self.lookup_drafts += other.lookup_drafts
 
     def add_draft(self, forwards: int, seconds: float) -> None:
         """A step's draft time, `forwards` forwards in `seconds` (each counted at their mean)."""
@@ -91,8 +93,10 @@ class EngineFigures:
         out = {f"{ENGINE_PREFIX}k={k}": n for k, n in sorted(self.chosen_k.items())}
         if self.steps_without_draft:
             out[ENGINE_PREFIX + "steps_without_draft"] = self.steps_without_draft
+        if self.lookup_drafts:
+            out[ENGINE_PREFIX + "lookup_drafts"] = self.lookup_drafts
         out.update((f"{ENGINE_PREFIX}draft_us.{i}", us) for i, us in enumerate(self.draft_us))
-        self.chosen_k, self.steps_without_draft, self.draft_us = {}, 0, []
+        self.chosen_k, self.steps_without_draft, self.draft_us, self.lookup_drafts = {}, 0, [], 0
         return out
 
     @classmethod

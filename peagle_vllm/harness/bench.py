@@ -51,6 +51,7 @@ class Mode:
     name: str
     head: str | None  # the head's variant (see HEADS); None = no speculation
     extra: tuple = ()  # speculative-config entries besides model and K
+    by_default: bool = True  # run when no --modes are named
 
     def spec(self, target: Path, k: int) -> dict | None:
         if self.head is None:
@@ -69,6 +70,10 @@ MODES = [
     Mode("p_eagle-standard", "standard", (("method", "p_eagle"), ("adaptive", False))),
     Mode("p_eagle-depth", "depth", (("method", "p_eagle"), ("adaptive", False))),
     Mode("p_eagle-depth-adaptive", "depth", (("method", "p_eagle"),)),
+    # with prompt lookup beside the head (greedy requests; `peagle_vllm/lookup.py`): named with --modes only
+    Mode("p_eagle-depth-lookup", "depth", (("method", "p_eagle"), ("adaptive", False), ("prompt_lookup_max", 5)),
+         by_default=False),
+    Mode("p_eagle-depth-adaptive-lookup", "depth", (("method", "p_eagle"), ("prompt_lookup_max", 5)), by_default=False),
 ]
 
 
@@ -129,7 +134,7 @@ def run_bench(target: Path, out_dir: Path, ks: list[int], concurrencies: list[in
 
     set_cpu_defaults()
     prompts = eval_prompts(target, prompt_count, seed=1)
-    chosen = [m for m in MODES if not modes or m.name in modes]
+    chosen = [m for m in MODES if m.name in modes] if modes else [m for m in MODES if m.by_default]
 
     def ks_of(m: Mode) -> list[int]:
         if m.head is None:

@@ -78,16 +78,20 @@ def run_cell(target: str, spec: dict, prompts: list[str], concurrency: int, max_
 
 
 def run_demo(target: Path, draft: Path, k: int, adaptive: bool, prompts: list[str], max_tokens: int,
-             concurrencies: list[int], log=print) -> dict:
-    """The report: top-level figures are those of the first concurrency (1 by default), `by_concurrency` has all."""
+             concurrencies: list[int], log=print, prompt_lookup_max: int | None = None) -> dict:
+    """The report: top-level figures are those of the first concurrency (1 by default), `by_concurrency` has all.
+    `prompt_lookup_max`: prompt lookup beside the head (`peagle_vllm.lookup`), None: the head alone."""
     spec = {"method": "p_eagle", "model": str(draft), "num_speculative_tokens": k, "adaptive": adaptive}
+    if prompt_lookup_max is not None:
+        spec["prompt_lookup_max"] = prompt_lookup_max
     cells = {}
     for c in concurrencies:
         requests = (prompts * (2 * c // len(prompts) + 1))[:max(len(prompts), 2 * c)] if c > 1 else prompts
         log(f"concurrency {c}: {len(requests)} requests, no speculation and p_eagle ...")
         cells[c] = run_cell(str(target), spec, requests, c, max_tokens).to_dict()
     first = cells[concurrencies[0]]
-    return {"target": str(target), "draft": str(draft), "k": k, "adaptive": adaptive, "max_tokens": max_tokens,
+    return {"target": str(target), "draft": str(draft), "k": k, "adaptive": adaptive,
+            "prompt_lookup_max": prompt_lookup_max, "max_tokens": max_tokens,
             "prompts": len(prompts), **{key: first[key] for key in (
                 "speedup", "acceptance_length", "greedy_identical", "per_position_acceptance", "tokens_per_s",
                 "mean_latency_s", "drafting")},
@@ -97,6 +101,8 @@ def run_demo(target: Path, draft: Path, k: int, adaptive: bool, prompts: list[st
 def render(report: dict) -> str:
     """The demo's screen."""
     mode = "adaptive depth" if report["adaptive"] else "fixed K"
+    if report.get("prompt_lookup_max"):
+        mode += f", prompt lookup of n-grams up to {report['prompt_lookup_max']}"
     lines = [f"target {report['target']}", f"draft  {report['draft']}  (K={report['k']}, {mode})",
              f"{report['prompts']} held-out prompts, up to {report['max_tokens']} greedy tokens each", ""]
     for c, cell in report["by_concurrency"].items():

@@ -11,7 +11,8 @@ from pathlib import Path
 def test_demo_json_reports_speed_acceptance_and_losslessness(demo) -> None:
     run = subprocess.run([sys.executable, "-m", "peagle_vllm.cli", "demo", "--json", "--prompts", "6",
                           "--max-tokens", "48", "--k", "8", "--fixed-k", "--target", str(demo["target"]),
-                          "--concurrency", "1", "4"], capture_output=True, text=True, timeout=600)
+                          "--concurrency", "1", "4", "--prompt-lookup", "5"], capture_output=True, text=True,
+                         timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert report["greedy_identical"] is True
@@ -20,6 +21,7 @@ def test_demo_json_reports_speed_acceptance_and_losslessness(demo) -> None:
     assert set(report["tokens_per_s"]) == {"no_spec", "p_eagle"} and report["speedup"] > 0
     assert Path(report["target"]).is_absolute() and Path(report["draft"]) == demo["draft"].resolve()
     assert report["drafting"] is True and report["mean_latency_s"]["p_eagle"] > 0
+    assert report["prompt_lookup_max"] == 5
     assert set(report["by_concurrency"]) == {"1", "4"}
     four = report["by_concurrency"]["4"]
     assert four["requests"] == 8 and four["greedy_identical"] is True  # two requests per slot at c=4
@@ -37,7 +39,8 @@ def test_demo_screen_says_in_words_when_no_draft_was_verified() -> None:
     screen = render(report)
     assert "no drafts were verified" in screen and "acceptance length" not in screen
     report["by_concurrency"]["1"].update(drafting=True, steps_verified=5, acceptance_length=2.5)
-    assert "acceptance length 2.50" in render(report)
+    assert "acceptance length 2.50" in render(report) and "prompt lookup" not in render(report)
+    assert "adaptive depth, prompt lookup of n-grams up to 5" in render({**report, "prompt_lookup_max": 5})
 
 
 def test_a_bad_prompts_file_is_one_line_naming_it(demo, tmp_path: Path) -> None:

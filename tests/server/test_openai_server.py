@@ -21,8 +21,10 @@ PROMPT = "import os\nimport sys\n\n\ndef main():\n"
 @pytest.fixture(scope="module")
 def server(demo, tmp_path_factory):
     trace = tmp_path_factory.mktemp("trace") / "registered.txt"
-    # fixed K: these tests need speculative steps to happen (adaptive depth is served in test_load.py)
-    spec = {"method": "p_eagle", "model": str(demo["draft"]), "num_speculative_tokens": 8, "adaptive": False}
+    # fixed K: these tests need speculative steps to happen (adaptive depth is served in test_load.py); prompt
+    # lookup on: greedy requests' first drafts may come from their own text (the head alone: test_load.py)
+    spec = {"method": "p_eagle", "model": str(demo["draft"]), "num_speculative_tokens": 8, "adaptive": False,
+            "prompt_lookup_max": 5}
     config = ServerConfig(demo["target"], trace.parent / "server.log", max_model_len=1024, speculative_config=spec,
                           env={"PEAGLE_VLLM_TRACE_FILE": str(trace)})
     with running_server(config) as srv:
@@ -73,6 +75,8 @@ def test_metrics_show_peagle_series_consistent_with_vllm_counters(client, server
     assert m["peagle:fallback_request_steps_total"] == 0 and m["peagle:steps_without_draft_total"] == 0
     assert m["peagle:draft_forward_seconds_count"] >= m["peagle:acceptance_length_count"]
     assert 0 < m["peagle:draft_forward_seconds_sum"] < m["peagle:draft_forward_seconds_count"]  # < 1 s each
+    # the demo target's code repeats itself: some verified drafts came from prompt lookup, none beyond those verified
+    assert 0 < m["peagle:lookup_draft_tokens_total"] <= m["vllm:spec_decode_num_draft_tokens_total"]
 
 
 def test_periodic_log_line_has_peagle_figures(client, server) -> None:

@@ -35,6 +35,16 @@ def test_the_cli_names_a_range_ratio_out_of_bounds_and_what_it_takes(capsys) -> 
         assert "argument --range-ratio" in error and f"'{bad}' is not a fraction in [0, 1)" in error
 
 
+def test_unknown_modes_are_named_and_lookup_modes_run_only_when_named() -> None:
+    from peagle_vllm.cli import main
+    from peagle_vllm.harness.bench import MODES
+
+    for flag in (["--modes", "p_eagle-deep"], ["--mode-k", "p_eagle-deep=4"]):
+        with pytest.raises(SystemExit, match=f"{flag[0]} names unknown modes p_eagle-deep: use one of no-spec"):
+            main(["bench", "--target", "models/none", "--out", "unused", *flag])
+    assert [m.name for m in MODES if not m.by_default] == ["p_eagle-depth-lookup", "p_eagle-depth-adaptive-lookup"]
+
+
 def _row(mode: str, k: int, tps: float, conc: int = 1) -> dict:
     return {"interface": "offline", "mode": mode, "k": k, "concurrency": conc, "temperature": 0.0,
             "tokens_per_s": tps, "acceptance_length": 1.0}

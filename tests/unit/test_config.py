@@ -6,6 +6,7 @@ import pytest
 
 from peagle_vllm.config import PEagleConfigError, check_head_fits_target, split_p_eagle_config
 from peagle_vllm.head import HeadConfig
+from peagle_vllm.lookup import PromptLookup
 
 GOOD = {"method": "p_eagle", "model": "/heads/x", "num_speculative_tokens": 8}
 
@@ -20,6 +21,15 @@ def test_valid_config_splits_ours_from_vllms() -> None:
     assert chosen.draft_temperature_for(head(draft_temperature=0.75)) == 0.6  # the config's overrides the head's
 
 
+def test_prompt_lookup_is_off_until_prompt_lookup_max_and_stays_with_p_eagle() -> None:
+    assert split_p_eagle_config(GOOD)[0].prompt_lookup is None
+    on, rest = split_p_eagle_config({**GOOD, "prompt_lookup_max": 5}, {"model", "num_speculative_tokens"})
+    assert on.prompt_lookup == PromptLookup(2, 5) and "prompt_lookup_max" not in rest  # vLLM never sees it
+    assert split_p_eagle_config({**GOOD, "prompt_lookup_max": 1})[0].prompt_lookup == PromptLookup(1, 1)
+    assert split_p_eagle_config({**GOOD, "prompt_lookup_max": 4, "prompt_lookup_min": 3})[0].prompt_lookup == \
+        PromptLookup(3, 4)
+
+
 @pytest.mark.parametrize("change,field", [
     ({"model": None}, "model"),
     ({"num_speculative_tokens": 0}, "num_speculative_tokens"),
@@ -31,7 +41,11 @@ def test_valid_config_splits_ours_from_vllms() -> None:
     ({"parallel_drafting": True}, "parallel_drafting"),
     ({"rejection_sample_method": "standard"}, "rejection_sample_method"),
     ({"num_speculative_tokenz": 4}, "num_speculative_tokenz"),
-    ({"prompt_lookup_max": 4}, "prompt_lookup_max"),
+    ({"prompt_lookup_max": 0}, "prompt_lookup_max"),
+    ({"prompt_lookup_max": "5"}, "prompt_lookup_max"),
+    ({"prompt_lookup_min": 2}, "prompt_lookup_min"),
+    ({"prompt_lookup_max": 2, "prompt_lookup_min": 3}, "prompt_lookup_min"),
+    ({"suffix_decoding_max_tree_depth": 8}, "suffix_decoding_max_tree_depth"),
     ({"adaptive": "yes"}, "adaptive"),
     ({"min_k": 9}, "min_k"),
     ({"min_k": -1}, "min_k"),

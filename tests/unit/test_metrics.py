@@ -38,6 +38,7 @@ def test_engine_figures_ride_in_a_shared_dict_and_leave_it_as_found() -> None:
     fig.add_choices([0, 0, 3, 8, 3])
     fig.add_choices([0, 0, 0])  # a step in fallback
     fig.steps_without_draft += 2
+    fig.lookup_drafts += 5
     fig.add_draft(3, 0.0042)  # three forwards in one step: each at their mean
     fig.add_draft(1, 0.0021)
     fig.add_draft(0, 0.0)
@@ -46,8 +47,9 @@ def test_engine_figures_ride_in_a_shared_dict_and_leave_it_as_found() -> None:
     assert fig.drain() == {}  # drained: the next step starts from zero
     back = EngineFigures.take_from(carrier)
     assert carrier == {"waiting_to_start": 1}
-    assert back.chosen_k == {0: 5, 3: 2, 8: 1} and back.steps_without_draft == 2
+    assert back.chosen_k == {0: 5, 3: 2, 8: 1} and back.steps_without_draft == 2 and back.lookup_drafts == 5
     assert back.draft_us == [1400, 1400, 1400, 2100]  # every forward's own time, for the histogram
     assert EngineFigures.take_from(carrier) is None
     back.add(back)
     assert back.chosen_k == {0: 10, 3: 4, 8: 2} and len(back.draft_us) == 8 and back.steps_without_draft == 4
+    assert back.lookup_drafts == 10

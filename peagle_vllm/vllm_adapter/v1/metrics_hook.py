@@ -58,6 +58,8 @@ def _new_series(labelnames: list[str]) -> dict[str, prometheus_client.metrics.Me
                     labelnames),
         steps_without_draft=c("peagle:steps_without_draft",
                               "Engine steps with every request in fallback: the head did not run.", labelnames),
+        lookup_drafts=c("peagle:lookup_draft_tokens", "Drafts verified that prompt lookup gave in place of the head's.",
+                        labelnames),
         draft_seconds=h("peagle:draft_forward_seconds", "Time of each draft: inputs, one head forward, sampling.",
                         labelnames,
                         buckets=[1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0]),
@@ -108,6 +110,8 @@ class _PromState:
             c["fallbacks"].inc(fig.chosen_k[0])
         if fig.steps_without_draft:
             c["steps_without_draft"].inc(fig.steps_without_draft)
+        if fig.lookup_drafts:
+            c["lookup_drafts"].inc(fig.lookup_drafts)
         for us in fig.draft_us:
             c["draft_seconds"].observe(us / 1e6)
 
@@ -130,6 +134,8 @@ class _LogState:
         line = (f", chosen K mean {mean_k:.2f} ({fig.chosen_k.get(0, 0) / max(chosen, 1):.0%} in fallback), "
                 f"steps without a draft: {fig.steps_without_draft}, draft time "
                 f"{sum(fig.draft_us) / 1e3 / max(len(fig.draft_us), 1):.2f} ms x {len(fig.draft_us)}")
+        if fig.lookup_drafts:
+            line += f", drafts from prompt lookup: {fig.lookup_drafts}"
         fig.drain()
         return line
 

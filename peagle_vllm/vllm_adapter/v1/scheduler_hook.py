@@ -2,7 +2,8 @@
 `scheduler_state.SchedulerState`).
 
 - `__init__`: a p_eagle scheduler gets its state, with a DepthController unless the config fixes K.
-- `update_draft_token_ids`: each request's drafts are cut to the K the controller chooses (never
+- `update_draft_token_ids`: with prompt lookup on, greedy requests' first drafts come from their own text
+  (`prompt_lookup`); then each request's drafts are cut to the K the controller chooses (never
   more than the lookahead reserved for it), so the next step verifies only those (K=0: plain
   decoding for that request); then blocks the request no longer needs go back to the pool
   (`rollback_hook.release_surplus`). Seeded requests keep K_max so that the same seed gives the
@@ -44,6 +45,7 @@ from peagle_vllm.metrics import EngineFigures
 from peagle_vllm.vllm_adapter.log import logger
 from peagle_vllm.vllm_adapter.v1 import carriers, rollback_hook
 from peagle_vllm.vllm_adapter.v1.carriers import is_marked, mark_of
+from peagle_vllm.vllm_adapter.v1.prompt_lookup import with_lookup
 from peagle_vllm.vllm_adapter.v1.scheduler_state import STATE_ATTR, SchedulerState, state_of
 
 LOG_EVERY_S = 10.0  # like vLLM's own periodic stats line
@@ -62,6 +64,10 @@ def wrap_init(original):
             return
         mark = mark_of(spec)
         adaptive = mark.options.adaptive and not self.scheduler_config.async_scheduling
+        if mark.options.prompt_lookup is not None and self.scheduler_config.async_scheduling:
+            logger.warning("p_eagle: prompt lookup needs synchronous scheduling (drafts pass through the "
+                           "scheduler); with async scheduling the head drafts alone. Pass --no-async-scheduling "
+                           "for prompt lookup.")
         if mark.options.adaptive and not adaptive:
             logger.warning("p_eagle: adaptive depth needs synchronous scheduling (drafts pass through the "
                            "scheduler); with async scheduling K stays fixed at %d. Pass "
@@ -124,6 +130,10 @@ def wrap_update_draft_token_ids(original):
             return original(self, draft_token_ids)
         ctrl = state.ctrl
         req_ids = list(draft_token_ids.req_ids)
+        looked_up = None
+        if state.lookup is not None and req_ids:
+            draft_token_ids.draft_token_ids, looked_up = with_lookup(self, state.lookup, req_ids,
+                                                                     draft_token_ids.draft_token_ids)
         if ctrl is not None and req_ids:
             ks = ctrl.choose(req_ids, [state.reserved.get(rid, ctrl.opt.max_k) for rid in req_ids],
                              sampled=state.is_sampled(self, req_ids))
@@ -131,6 +141,8 @@ def wrap_update_draft_token_ids(original):
                                                for rid, d, k in zip(req_ids, draft_token_ids.draft_token_ids, ks)]
         if req_ids:
             state.figures.add_choices([len(d) for d in draft_token_ids.draft_token_ids])
+        if looked_up:
+            state.figures.lookup_drafts += sum(map(min, looked_up, map(len, draft_token_ids.draft_token_ids)))
         out = original(self, draft_token_ids)
         if ctrl is not None:
             state.release_surplus(self, req_ids)

@@ -1,6 +1,6 @@
 """All that p_eagle keeps on one vLLM Scheduler, as one object (`state_of(scheduler)`): the engine figures
-bound for the front end and, under adaptive depth, the controller with its per-request bookkeeping
-(reservations, seeds, the head's gaps, the held fallback steps, released blocks)."""
+bound for the front end, prompt lookup where it is on, and, under adaptive depth, the controller with its
+per-request bookkeeping (reservations, seeds, the head's gaps, the held fallback steps, released blocks)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,8 @@ class SchedulerState:
         self.hold = FallbackHold()  # steady fallback's steps that skip the controller
         self.blocks_released = 0  # blocks handed back before their request ended
         self.trimmable = rollback_hook.trimmable_managers(scheduler) if adaptive else []  # fixed for the engine's life
+        # greedy requests' first drafts from their own text (`prompt_lookup`); drafts bypass the scheduler under async
+        self.lookup = None if async_scheduling else mark.options.prompt_lookup
 
     def is_seeded(self, scheduler, req_id: str) -> bool:
         """Sampled requests with a seed keep the full K: timing-driven depth would make their samples

@@ -1,0 +1,57 @@
+"""Prompt lookup beside the head: where a greedy request's tokens so far end in an n-gram that occurred earlier in
+them (prompt or output), the tokens that followed its latest earlier occurrence are drafted in place of the head's
+first drafts, and the head's drafts keep the depths past them.
+
+Rules:
+- The longest suffix n-gram with `min_n <= n <= max_n` wins; among its occurrences, the latest (nearest text).
+- Only greedy requests: a greedy draft is checked against the target's argmax whatever drafted it, so the output
+  stays the target's; a sampled draft's acceptance needs the draft distribution q the head sampled it from.
+- P-EAGLE's head drafts every depth from the context and mask slots, never from its own earlier drafts, so its
+  depth-d draft stays a draft for position d after lookup tokens replace the depths before it.
+No vLLM here: the scheduler hook (`vllm_adapter/v1/scheduler_hook.py`) applies it to each step's drafts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+DEFAULT_MIN_N, DEFAULT_MAX_N = 2, 5  # n-gram lengths matched (held-out measurement: docs/smollm2-results.md)
+
+
+@dataclass(frozen=True)
+class PromptLookup:
+    """Suffix n-gram lookup over a request's own tokens; n from `min_n` to `max_n` (1 <= min_n <= max_n)."""
+
+    min_n: int = DEFAULT_MIN_N
+    max_n: int = DEFAULT_MAX_N
+
+    def continuation(self, tokens: np.ndarray, k: int) -> np.ndarray:
+        """tokens [L] (prompt and output so far) -> up to k tokens [<= k] that followed the latest earlier
+        occurrence of the longest suffix n-gram of `tokens` (min_n <= n <= max_n); empty where none occurred."""
+        size = len(tokens)
+        if k <= 0 or size <= self.min_n:
+            return tokens[:0]
+        # ends [M]: positions i < L-1 where an earlier occurrence of the suffix's last n tokens ends
+        ends = np.flatnonzero(tokens[: size - 1] == tokens[size - 1])
+        found = ends if self.min_n == 1 else ends[:0]
+        for n in range(2, self.max_n + 1):
+            ends = ends[ends >= n - 1]
+            if not len(ends):
+                break
+            ends = ends[tokens[ends - (n - 1)] == tokens[size - n]]
+            if not len(ends):
+                break
+            if n >= self.min_n:
+                found = ends
+        if not len(found):
+            return tokens[:0]
+        start = int(found[-1]) + 1
+        return tokens[start: start + k]
+
+
+def blend(head_drafts: list[int], looked_up: np.ndarray) -> list[int]:
+    """A request's drafts: the looked-up tokens at the first depths, the head's drafts [K] at the rest (K kept)."""
+    n = min(len(looked_up), len(head_drafts))
+    return looked_up[:n].tolist() + list(head_drafts[n:])
