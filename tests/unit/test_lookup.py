@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from peagle_vllm.lookup import PromptLookup, blend
+from peagle_vllm.lookup import PromptLookup, TokenHistory, blend
 
 
 def found(tokens: list[int], k: int = 4, min_n: int = 2, max_n: int = 5) -> list[int]:
@@ -64,3 +64,17 @@ def test_blend_puts_the_lookup_first_and_keeps_the_heads_later_depths() -> None:
     assert blend(head, np.array([7, 7])) == [7, 7, 3, 4]
     assert blend(head, np.array([7, 7, 7, 7, 7, 7])) == [7, 7, 7, 7]  # K kept
     assert blend(head, np.array([], dtype=np.int64)) == head
+
+
+def test_token_history_copies_only_what_was_appended_and_matches_the_text() -> None:
+    history, text = TokenHistory(), list(range(10))
+    first = history.of("r", text)
+    assert first.tolist() == text
+    text += [7, 8, 9] * 40  # past the buffer's first capacity
+    again = history.of("r", text)
+    assert again.tolist() == text
+    history.of("s", [1, 2, 3])  # requests are kept apart
+    assert history.of("r", text).tolist() == text
+    assert history.of("r", [4, 5]).tolist() == [4, 5]  # a shorter text is taken anew
+    history.forget("r")
+    assert history.of("r", [6]).tolist() == [6]

@@ -7,16 +7,15 @@ only: under async scheduling the drafts go from the worker to the next step with
 
 from __future__ import annotations
 
-import numpy as np
-
-from peagle_vllm.lookup import PromptLookup, blend
+from peagle_vllm.lookup import PromptLookup, TokenHistory, blend
 from peagle_vllm.vllm_adapter.v1.scheduler_state import SAMPLING_EPS
 
 
-def with_lookup(scheduler, lookup: PromptLookup, req_ids: list[str],
+def with_lookup(scheduler, lookup: PromptLookup, history: TokenHistory, req_ids: list[str],
                 drafts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
     """(drafts, looked up): each greedy request's drafts [K] with its looked-up continuation at the first depths
-    (`lookup.blend`), the others' as they were; and per request, how many of its first drafts the lookup gave."""
+    (`lookup.blend`), the others' as they were; and per request, how many of its first drafts the lookup gave.
+    `history` keeps each request's tokens as an array (forgotten when the request finishes: `scheduler_hook`)."""
     out, looked_up = [], []
     for rid, row in zip(req_ids, drafts):
         request = scheduler.requests.get(rid)
@@ -25,8 +24,7 @@ def with_lookup(scheduler, lookup: PromptLookup, req_ids: list[str],
             out.append(row)
             looked_up.append(0)
             continue
-        tokens = np.fromiter(request.all_token_ids, dtype=np.int64, count=request.num_tokens)
-        found = lookup.continuation(tokens, len(row))
+        found = lookup.continuation(history.of(rid, request.all_token_ids), len(row))
         looked_up.append(len(found))
         out.append(blend(row, found) if len(found) else row)
     return out, looked_up

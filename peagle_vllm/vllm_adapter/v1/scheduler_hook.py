@@ -132,7 +132,7 @@ def wrap_update_draft_token_ids(original):
         req_ids = list(draft_token_ids.req_ids)
         looked_up = None
         if state.lookup is not None and req_ids:
-            draft_token_ids.draft_token_ids, looked_up = with_lookup(self, state.lookup, req_ids,
+            draft_token_ids.draft_token_ids, looked_up = with_lookup(self, state.lookup, state.history, req_ids,
                                                                      draft_token_ids.draft_token_ids)
         if ctrl is not None and req_ids:
             ks = ctrl.choose(req_ids, [state.reserved.get(rid, ctrl.opt.max_k) for rid in req_ids],
@@ -200,6 +200,9 @@ def wrap_update_from_output(original):
         if state is None:
             return original(self, scheduler_output, model_runner_output)
         figures: EngineFigures = state.figures
+        if state.lookup is not None:
+            for req_id in scheduler_output.finished_req_ids:
+                state.history.forget(req_id)
         drafted = carriers.draft_depth(scheduler_output) != 0  # depth 0: no draft ran
         if drafted:
             figures.add_draft(*carriers.draft_time(model_runner_output))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 from peagle_vllm.depth import DepthController, DepthOptions, FallbackHold
+from peagle_vllm.lookup import TokenHistory
 from peagle_vllm.metrics import EngineFigures
 from peagle_vllm.vllm_adapter.v1 import rollback_hook
 from peagle_vllm.vllm_adapter.v1.carriers import PEagleMark
@@ -40,6 +41,7 @@ class SchedulerState:
         self.trimmable = rollback_hook.trimmable_managers(scheduler) if adaptive else []  # fixed for the engine's life
         # greedy requests' first drafts from their own text (`prompt_lookup`); drafts bypass the scheduler under async
         self.lookup = None if async_scheduling else mark.options.prompt_lookup
+        self.history = TokenHistory()  # each request's tokens as an array, for the lookup
 
     def is_seeded(self, scheduler, req_id: str) -> bool:
         """Sampled requests with a seed keep the full K: timing-driven depth would make their samples
