@@ -80,7 +80,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
     prompts = _prompts(target, args.prompts, args.prompts_file, args.seed)
     report = run_demo(target, draft, args.k, not args.fixed_k, prompts, args.max_tokens, args.concurrency,
-                      log=(lambda *_: None) if args.json else print, prompt_lookup_max=args.prompt_lookup)
+                      log=(lambda *_: None) if args.json else print, prompt_lookup_max=args.prompt_lookup,
+                      lookup_corpus=args.lookup_corpus)
     print(json.dumps(report) if args.json else render(report))
 
 
@@ -253,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--fixed-k", action="store_true", help="draft K tokens every step (adaptive depth off)")
     d.add_argument("--prompt-lookup", type=int, metavar="N", help="prompt lookup beside the head: greedy requests' "
                    "first drafts from their own text, n-grams up to N (the config's prompt_lookup_max; default off)")
+    d.add_argument("--lookup-corpus", metavar="PATH", help="corpus lookup beside the head: greedy requests' first "
+                   "drafts from answers the target wrote (`peagle-vllm distill` output, e.g. datasets/smollm2) where "
+                   "prompt lookup finds none (the config's lookup_corpus; default off)")
     d.add_argument("--json", action="store_true", help="print one JSON object (top level: the first concurrency)")
     d.add_argument("--target", default=str(DEMO_TARGET), help="target model directory (models/demo-target: the "
                    "tiny test target)")
@@ -373,7 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the Ks of one mode, instead of --k (e.g. vllm-eagle3=1,2)")
     b.add_argument("--modes", nargs="*", help="subset of: no-spec vllm-eagle3 vllm-parallel p_eagle-standard "
                    "p_eagle-depth p_eagle-depth-adaptive (the default), p_eagle-depth-lookup "
-                   "p_eagle-depth-adaptive-lookup (with prompt_lookup_max 5)")
+                   "p_eagle-depth-adaptive-lookup (with prompt_lookup_max 5), p_eagle-depth-lookup-corpus "
+                   "p_eagle-depth-adaptive-lookup-corpus (and the target's lookup corpus)")
     b.add_argument("--verbose", action="store_true", help="show vLLM's INFO logs")
     b.set_defaults(func=cmd_bench)
 

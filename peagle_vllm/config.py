@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from peagle_vllm.draft_temperature import DraftTemperatureError, checked
@@ -19,7 +20,8 @@ MAX_K = 32
 VERIFY_MODES = ("auto", "standard", "block")
 # Keys that are ours; everything else in the dict is handed to vLLM's SpeculativeConfig.
 OWN_KEYS = ("verify", "adaptive", "min_k", "acceptance_warn_below", "verifier_accept_k", "accept_tolerance",
-            "head_matmul_dtype", "draft_temperature", "prompt_lookup_max", "prompt_lookup_min")
+            "head_matmul_dtype", "draft_temperature", "prompt_lookup_max", "prompt_lookup_min",
+            "lookup_corpus")
 # speculators' lossy acceptance (GreedyTokenProposalConfig), never taken from a checkpoint: lossless defaults.
 TOLERANCE_KEYS = ("verifier_accept_k", "accept_tolerance")
 # vLLM keys whose meaning conflicts with p_eagle (it sets them itself).
@@ -60,6 +62,12 @@ class PEagleOptions:
     draft_temperature: float | None = None  # sampled drafts at T x this (`draft_temperature`); None: the head's own
     prompt_lookup_max: int | None = None  # greedy requests' first drafts from their own text (`lookup`); None: off
     prompt_lookup_min: int = DEFAULT_MIN_N  # shortest n-gram prompt lookup matches
+    lookup_corpus: str | None = None  # answers the target wrote (`corpus_lookup`) drafting where prompt lookup has none
+
+    @property
+    def looks_up(self) -> bool:
+        """Whether greedy requests' drafts may come from a lookup (prompt or corpus) beside the head."""
+        return self.prompt_lookup_max is not None or self.lookup_corpus is not None
 
     @property
     def prompt_lookup(self) -> PromptLookup | None:
@@ -135,6 +143,10 @@ def split_p_eagle_config(user: dict[str, Any], known_vllm_keys: set[str] | None 
         except DraftTemperatureError as exc:
             raise PEagleConfigError(str(exc)) from exc
     lookup_max, lookup_min = _prompt_lookup(cfg)
+    corpus = cfg.get("lookup_corpus")
+    if corpus is not None and (not isinstance(corpus, str) or not Path(corpus).exists()):
+        raise PEagleConfigError(f"{_field('lookup_corpus')} is {corpus!r}: give the path of answers the target wrote, "
+                                "as `peagle-vllm distill` writes them (a directory of chunk-*.jsonl.gz, or one file)")
     for key, fix in REFUSED_KEYS.items():
         if key in cfg:
             raise PEagleConfigError(f"{_field(key)} cannot be used with p_eagle: {fix}")
@@ -148,7 +160,7 @@ def split_p_eagle_config(user: dict[str, Any], known_vllm_keys: set[str] | None 
                          acceptance_warn_below=float(warn_below), verifier_accept_k=accept_k,
                          accept_tolerance=float(tolerance), head_matmul_dtype=matmul_dtype,
                          draft_temperature=draft_temperature, prompt_lookup_max=lookup_max,
-                         prompt_lookup_min=lookup_min), passthrough
+                         prompt_lookup_min=lookup_min, lookup_corpus=corpus), passthrough
 
 
 def _prompt_lookup(cfg: dict[str, Any]) -> tuple[int | None, int]:

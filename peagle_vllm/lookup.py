@@ -75,6 +75,20 @@ class TokenHistory:
         self._arrays.pop(req_id, None)
 
 
+@dataclass(frozen=True)
+class FirstFound:
+    """Lookups tried in turn (e.g. the request's own text, then a corpus): the first continuation found wins."""
+
+    lookups: tuple  # each with continuation(tokens [L], k) -> [<= k]
+
+    def continuation(self, tokens: np.ndarray, k: int) -> np.ndarray:
+        for lookup in self.lookups:
+            found = lookup.continuation(tokens, k)
+            if len(found):
+                return found
+        return tokens[:0]
+
+
 def blend(head_drafts: list[int], looked_up: np.ndarray) -> list[int]:
     """A request's drafts: the looked-up tokens at the first depths, the head's drafts [K] at the rest (K kept)."""
     n = min(len(looked_up), len(head_drafts))

@@ -44,6 +44,8 @@ T = TypeVar("T")  # a prompt, or a replay's recorded prompt
 HEADS = {"SmolLM2-135M-Instruct": {"eagle3": "smollm2-eagle3", "standard": "smollm2-peagle-standard",
                                    "depth": "smollm2-peagle-depth"},
          "demo-target": {"eagle3": "demo-eagle3", "standard": "demo-peagle-standard", "depth": "demo-peagle-depth"}}
+# answers each shipped target wrote, for corpus lookup (`peagle_vllm/corpus_lookup.py`): the heads' training data
+CORPORA = {"SmolLM2-135M-Instruct": Path(__file__).resolve().parents[2] / "datasets" / "smollm2"}
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class Mode:
     head: str | None  # the head's variant (see HEADS); None = no speculation
     extra: tuple = ()  # speculative-config entries besides model and K
     by_default: bool = True  # run when no --modes are named
+    corpus: bool = False  # with the target's lookup corpus (CORPORA)
 
     def spec(self, target: Path, k: int) -> dict | None:
         if self.head is None:
@@ -60,7 +63,13 @@ class Mode:
         if heads is None:
             raise ValueError(f"no shipped heads for target {target.name}: use one of {', '.join(HEADS)}")
         model = target.parent / heads[self.head]
-        return {**dict(self.extra), "model": str(model), "num_speculative_tokens": k}
+        corpus = {}
+        if self.corpus:
+            if target.name not in CORPORA:
+                raise ValueError(f"mode {self.name}: no lookup corpus for target {target.name}; it has one for "
+                                 f"{', '.join(CORPORA)}")
+            corpus = {"lookup_corpus": str(CORPORA[target.name])}
+        return {**dict(self.extra), **corpus, "model": str(model), "num_speculative_tokens": k}
 
 
 MODES = [
@@ -74,6 +83,11 @@ MODES = [
     Mode("p_eagle-depth-lookup", "depth", (("method", "p_eagle"), ("adaptive", False), ("prompt_lookup_max", 5)),
          by_default=False),
     Mode("p_eagle-depth-adaptive-lookup", "depth", (("method", "p_eagle"), ("prompt_lookup_max", 5)), by_default=False),
+    # ... and corpus lookup where the request's own text has no match (`peagle_vllm/corpus_lookup.py`)
+    Mode("p_eagle-depth-lookup-corpus", "depth", (("method", "p_eagle"), ("adaptive", False), ("prompt_lookup_max", 5)),
+         by_default=False, corpus=True),
+    Mode("p_eagle-depth-adaptive-lookup-corpus", "depth", (("method", "p_eagle"), ("prompt_lookup_max", 5)),
+         by_default=False, corpus=True),
 ]
 
 

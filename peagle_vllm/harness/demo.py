@@ -78,12 +78,16 @@ def run_cell(target: str, spec: dict, prompts: list[str], concurrency: int, max_
 
 
 def run_demo(target: Path, draft: Path, k: int, adaptive: bool, prompts: list[str], max_tokens: int,
-             concurrencies: list[int], log=print, prompt_lookup_max: int | None = None) -> dict:
+             concurrencies: list[int], log=print, prompt_lookup_max: int | None = None,
+             lookup_corpus: str | None = None) -> dict:
     """The report: top-level figures are those of the first concurrency (1 by default), `by_concurrency` has all.
-    `prompt_lookup_max`: prompt lookup beside the head (`peagle_vllm.lookup`), None: the head alone."""
+    `prompt_lookup_max`, `lookup_corpus`: prompt and corpus lookup beside the head (`peagle_vllm.lookup`,
+    `peagle_vllm.corpus_lookup`), None: off."""
     spec = {"method": "p_eagle", "model": str(draft), "num_speculative_tokens": k, "adaptive": adaptive}
     if prompt_lookup_max is not None:
         spec["prompt_lookup_max"] = prompt_lookup_max
+    if lookup_corpus is not None:
+        spec["lookup_corpus"] = lookup_corpus
     cells = {}
     for c in concurrencies:
         requests = (prompts * (2 * c // len(prompts) + 1))[:max(len(prompts), 2 * c)] if c > 1 else prompts
@@ -91,7 +95,7 @@ def run_demo(target: Path, draft: Path, k: int, adaptive: bool, prompts: list[st
         cells[c] = run_cell(str(target), spec, requests, c, max_tokens).to_dict()
     first = cells[concurrencies[0]]
     return {"target": str(target), "draft": str(draft), "k": k, "adaptive": adaptive,
-            "prompt_lookup_max": prompt_lookup_max, "max_tokens": max_tokens,
+            "prompt_lookup_max": prompt_lookup_max, "lookup_corpus": lookup_corpus, "max_tokens": max_tokens,
             "prompts": len(prompts), **{key: first[key] for key in (
                 "speedup", "acceptance_length", "greedy_identical", "per_position_acceptance", "tokens_per_s",
                 "mean_latency_s", "drafting")},
@@ -103,6 +107,8 @@ def render(report: dict) -> str:
     mode = "adaptive depth" if report["adaptive"] else "fixed K"
     if report.get("prompt_lookup_max"):
         mode += f", prompt lookup of n-grams up to {report['prompt_lookup_max']}"
+    if report.get("lookup_corpus"):
+        mode += f", corpus lookup from {report['lookup_corpus']}"
     lines = [f"target {report['target']}", f"draft  {report['draft']}  (K={report['k']}, {mode})",
              f"{report['prompts']} held-out prompts, up to {report['max_tokens']} greedy tokens each", ""]
     for c, cell in report["by_concurrency"].items():

@@ -67,6 +67,9 @@ def _bad(tiny, tmp_path: Path, case: str) -> dict:
         spec["model"] = str(head)
     elif case == "unknown key":
         spec["num_specluative_tokens"] = 4
+    elif case == "corpus of another vocabulary":
+        (tmp_path / "answers.jsonl").write_text(json.dumps({"prompt_ids": [1], "response_ids": [10**6]}) + "\n")
+        spec["lookup_corpus"] = str(tmp_path / "answers.jsonl")
     return spec
 
 
@@ -81,6 +84,7 @@ CASES = {
     "no mask token": "no mask token",
     "no mask hidden": "no 'mask_hidden' tensor",
     "unknown key": "speculative_config['num_specluative_tokens'] is not a speculative-config field",
+    "corpus of another vocabulary": "speculative_config['lookup_corpus']: ",
 }
 
 

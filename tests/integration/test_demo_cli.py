@@ -41,6 +41,7 @@ def test_demo_screen_says_in_words_when_no_draft_was_verified() -> None:
     report["by_concurrency"]["1"].update(drafting=True, steps_verified=5, acceptance_length=2.5)
     assert "acceptance length 2.50" in render(report) and "prompt lookup" not in render(report)
     assert "adaptive depth, prompt lookup of n-grams up to 5" in render({**report, "prompt_lookup_max": 5})
+    assert "adaptive depth, corpus lookup from answers/" in render({**report, "lookup_corpus": "answers/"})
 
 
 def test_a_bad_prompts_file_is_one_line_naming_it(demo, tmp_path: Path) -> None:

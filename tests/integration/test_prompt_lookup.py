@@ -1,10 +1,13 @@
-"""Prompt lookup beside the head (`prompt_lookup_max`) in a real vLLM engine on the CPU backend: greedy output
-stays the target's, lookup drafts are accepted where the text repeats, and sampled requests keep the head's."""
+"""Prompt and corpus lookup beside the head (`prompt_lookup_max`, `lookup_corpus`) in a real vLLM engine on the CPU
+backend: greedy output stays the target's, lookup drafts are accepted where the text repeats or the corpus holds
+it, and sampled requests keep the head's drafts."""
 
 from __future__ import annotations
 
+import json
+
 from peagle_vllm.harness.corpus import held_out_prompts
-from peagle_vllm.harness.runs import close_llm, generate, make_llm
+from peagle_vllm.harness.runs import close_llm, generate, make_llm, request_spec_figures
 
 def p_eagle(model, **extra) -> dict:
     return {"method": "p_eagle", "model": str(model), "num_speculative_tokens": 8, **extra}
@@ -46,3 +49,27 @@ def test_sampled_requests_beside_greedy_ones_keep_the_heads_drafts(demo) -> None
     assert outputs["lookup"][odd] == outputs["plain"][odd]  # greedy
     assert looked_up > 0
     assert outputs["lookup"][::2] == outputs["head"][::2]  # seeded, sampled
+
+
+def test_corpus_lookup_drafts_the_answers_it_holds(demo, tmp_path) -> None:
+    """A corpus of the demo target's greedy answers to 4 of 8 prompts, as `peagle-vllm distill` writes them: with
+    it, all 8 answers stay the target's, and the 4 it holds are drafted nearly whole (accepted far more often)."""
+    from vllm import SamplingParams
+
+    prompts, params = held_out_prompts(8), SamplingParams(temperature=0, max_tokens=64)
+    plain = make_llm(str(demo["target"]), None)
+    answers = plain.generate(prompts, params, use_tqdm=False)
+    close_llm(plain)
+    (tmp_path / "chunk-0000.jsonl").write_text("".join(
+        json.dumps({"prompt_ids": list(o.prompt_token_ids), "response_ids": list(o.outputs[0].token_ids)}) + "\n"
+        for o in answers[:4]))
+    llm = make_llm(str(demo["target"]), p_eagle(demo["draft"], adaptive=False, lookup_corpus=str(tmp_path)),
+                   per_request_spec_decode_metrics="summary")
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    looked_up = sum(float(m.value) for m in llm.get_metrics() if m.name == "peagle:lookup_draft_tokens")
+    close_llm(llm)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in answers]
+    held, new = request_spec_figures(outs[:4]), request_spec_figures(outs[4:])
+    print(f"acceptance length: answers in the corpus {held.acceptance_length:.2f}, others {new.acceptance_length:.2f}")
+    assert held.acceptance_length > new.acceptance_length + 3 and looked_up > 0
+

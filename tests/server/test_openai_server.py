@@ -16,19 +16,28 @@ from peagle_vllm.harness.server_process import ServerConfig, running_server, scr
 from peagle_vllm.vllm_adapter.serve import SMALL_MACHINE_CPUS
 
 PROMPT = "import os\nimport sys\n\n\ndef main():\n"
+CORPUS_PROMPT = "class Stack:\n    def __init__(self):\n"  # its offline greedy answer is the lookup corpus
 
 
 @pytest.fixture(scope="module")
 def server(demo, tmp_path_factory):
+    from transformers import AutoTokenizer
+
     trace = tmp_path_factory.mktemp("trace") / "registered.txt"
-    # fixed K: these tests need speculative steps to happen (adaptive depth is served in test_load.py); prompt
-    # lookup on: greedy requests' first drafts may come from their own text (the head alone: test_load.py)
+    tokenizer = AutoTokenizer.from_pretrained(demo["target"])
+    answer = generate(str(demo["target"]), None, [CORPUS_PROMPT], 64).token_ids[0]
+    corpus = trace.parent / "answers.jsonl"
+    corpus.write_text(json.dumps({"prompt_ids": tokenizer(CORPUS_PROMPT).input_ids, "response_ids": answer}) + "\n")
+    # fixed K: these tests need speculative steps to happen (adaptive depth is served in test_load.py); prompt and
+    # corpus lookup on: greedy requests' first drafts may come from their own text or the corpus (the head alone:
+    # test_load.py)
     spec = {"method": "p_eagle", "model": str(demo["draft"]), "num_speculative_tokens": 8, "adaptive": False,
-            "prompt_lookup_max": 5}
+            "prompt_lookup_max": 5, "lookup_corpus": str(corpus)}
     config = ServerConfig(demo["target"], trace.parent / "server.log", max_model_len=1024, speculative_config=spec,
                           env={"PEAGLE_VLLM_TRACE_FILE": str(trace)})
     with running_server(config) as srv:
-        yield {"base": srv.base_url, "pid": srv.pid, "trace": trace, "log": srv.log}
+        yield {"base": srv.base_url, "pid": srv.pid, "trace": trace, "log": srv.log,
+               "corpus_answer": tokenizer.decode(answer)}
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +138,18 @@ def test_served_benchmark_figures_come_from_real_streams(server) -> None:
     assert 0 < fig["ttft_ms"] < 1e3 * fig["seconds"]
     assert fig["tpot_ms"] > 0
     assert fig["acceptance_length"] > 1.0
+
+
+def test_an_answer_in_the_lookup_corpus_is_drafted_from_it(client, server) -> None:
+    """The corpus holds this prompt's greedy answer: served (the corpus indexed in the engine-core process), the
+    answer is unchanged, drafts from lookup are among those verified, and most drafts are accepted (the head alone
+    accepts ~1 of 8 on the demo target; offline, the corpus's effect alone: test_prompt_lookup.py)."""
+    counters = ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
+                "peagle:lookup_draft_tokens_total")
+    before = scrape_metrics(server["base"])
+    served = client.completions.create(model="demo", prompt=CORPUS_PROMPT, max_tokens=64, temperature=0)
+    after = scrape_metrics(server["base"])
+    drafted, accepted, looked_up = (after[c] - before[c] for c in counters)
+    assert served.choices[0].text == server["corpus_answer"]
+    print(f"drafts {drafted:.0f}, accepted {accepted:.0f}, from lookup {looked_up:.0f}")
+    assert accepted > 0.6 * drafted and looked_up > 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from peagle_vllm.harness.bench import (_add_ratios, adaptive_summary, median_interval, median_of_rounds, output_lengths,
@@ -42,7 +44,21 @@ def test_unknown_modes_are_named_and_lookup_modes_run_only_when_named() -> None:
     for flag in (["--modes", "p_eagle-deep"], ["--mode-k", "p_eagle-deep=4"]):
         with pytest.raises(SystemExit, match=f"{flag[0]} names unknown modes p_eagle-deep: use one of no-spec"):
             main(["bench", "--target", "models/none", "--out", "unused", *flag])
-    assert [m.name for m in MODES if not m.by_default] == ["p_eagle-depth-lookup", "p_eagle-depth-adaptive-lookup"]
+    assert [m.name for m in MODES if not m.by_default] == ["p_eagle-depth-lookup", "p_eagle-depth-adaptive-lookup",
+                                                           "p_eagle-depth-lookup-corpus",
+                                                           "p_eagle-depth-adaptive-lookup-corpus"]
+
+
+def test_corpus_modes_take_the_targets_corpus() -> None:
+    from peagle_vllm.corpus_lookup import read_answers
+    from peagle_vllm.harness.bench import MODES
+
+    mode = next(m for m in MODES if m.name == "p_eagle-depth-lookup-corpus")
+    spec = mode.spec(Path("models/SmolLM2-135M-Instruct"), 4)
+    assert spec["prompt_lookup_max"] == 5 and spec["adaptive"] is False
+    assert len(read_answers(Path(spec["lookup_corpus"]))) > 30_000  # the heads' distilled answers, in the repository
+    with pytest.raises(ValueError, match="no lookup corpus for target demo-target"):
+        mode.spec(Path("models/demo-target"), 4)
 
 
 def _row(mode: str, k: int, tps: float, conc: int = 1) -> dict:

@@ -30,6 +30,13 @@ def test_prompt_lookup_is_off_until_prompt_lookup_max_and_stays_with_p_eagle() -
         PromptLookup(3, 4)
 
 
+def test_corpus_lookup_is_off_until_lookup_corpus(tmp_path) -> None:
+    assert not split_p_eagle_config(GOOD)[0].looks_up
+    on, rest = split_p_eagle_config({**GOOD, "lookup_corpus": str(tmp_path)}, {"model", "num_speculative_tokens"})
+    assert on.looks_up and on.lookup_corpus == str(tmp_path) and on.prompt_lookup is None
+    assert "lookup_corpus" not in rest
+
+
 @pytest.mark.parametrize("change,field", [
     ({"model": None}, "model"),
     ({"num_speculative_tokens": 0}, "num_speculative_tokens"),
@@ -45,6 +52,8 @@ def test_prompt_lookup_is_off_until_prompt_lookup_max_and_stays_with_p_eagle() -
     ({"prompt_lookup_max": "5"}, "prompt_lookup_max"),
     ({"prompt_lookup_min": 2}, "prompt_lookup_min"),
     ({"prompt_lookup_max": 2, "prompt_lookup_min": 3}, "prompt_lookup_min"),
+    ({"lookup_corpus": "/no/such/answers"}, "lookup_corpus"),
+    ({"lookup_corpus": 5}, "lookup_corpus"),
     ({"suffix_decoding_max_tree_depth": 8}, "suffix_decoding_max_tree_depth"),
     ({"adaptive": "yes"}, "adaptive"),
     ({"min_k": 9}, "min_k"),

@@ -9,6 +9,7 @@ import pytest
 
 from peagle_vllm.checkpoint import read_head_config, read_tensors, validate_weights
 from peagle_vllm.config import check_head_fits_target, split_p_eagle_config
+from peagle_vllm.corpus_lookup import read_answers
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs").glob("*.json"))
@@ -27,6 +28,8 @@ def test_there_is_a_config_for_each_shipped_head_and_each_published_format() -> 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_config_is_valid_and_its_local_head_fits_its_target(path: Path) -> None:
     spec = json.loads(path.read_text())
+    if "lookup_corpus" in spec:  # a path from the repository's root, as "model"
+        spec["lookup_corpus"] = str(REPO / spec["lookup_corpus"])
     if spec["method"] == "p_eagle":
         options, passthrough = split_p_eagle_config(spec, VLLM_KEYS)
         assert "method" not in passthrough
@@ -45,6 +48,8 @@ def test_config_is_valid_and_its_local_head_fits_its_target(path: Path) -> None:
     k = spec.get("num_speculative_tokens") or head.trained_depth
     if spec["method"] == "p_eagle":
         check_head_fits_target(head, str(model), cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"], k)
+        if "lookup_corpus" in spec:
+            read_answers(Path(spec["lookup_corpus"]), cfg["vocab_size"])
     else:
         assert head.target_hidden_size == cfg["hidden_size"] and head.vocab_size == cfg["vocab_size"]
         assert head.variant == ("eagle3" if not spec.get("parallel_drafting") else "standard")

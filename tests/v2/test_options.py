@@ -54,6 +54,8 @@ def test_all_own_options_are_accepted(make_spec) -> None:
      "speculative_config['speculator_options']['accept_tolerance']"),
     ({"speculator_options": {"prompt_lookup_max": 5}},  # the drafts bypass p_eagle's V1 scheduler hook
      "speculative_config['speculator_options']['prompt_lookup_max']"),
+    ({"speculator_options": {"lookup_corpus": "."}},  # ... as corpus lookup's do
+     "speculative_config['speculator_options']['lookup_corpus']"),
     ({"speculator_options": {"verifier_accept_k": 0}}, "speculative_config['speculator_options']['verifier_accept_k']"),
     ({"parallel_drafting": True}, "speculative_config['parallel_drafting']"),
     ({"rejection_sample_method": "fly"}, "speculative_config['rejection_sample_method']"),

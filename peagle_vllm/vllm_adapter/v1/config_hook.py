@@ -14,10 +14,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from pathlib import Path
 
 from peagle_vllm.checkpoint import CheckpointError, read_head_config, read_tensors, validate_weights
 from peagle_vllm.config import (METHOD, TOLERANCE_KEYS, PEagleConfigError, PEagleOptions, check_head_fits_target,
                                 split_p_eagle_config)
+from peagle_vllm.corpus_lookup import CorpusError, read_answers
 from peagle_vllm.head import HeadConfig
 from peagle_vllm.vllm_adapter.log import logger
 from peagle_vllm.vllm_adapter.model_path import resolve_draft_path
@@ -58,6 +60,11 @@ def prepare(user_config: dict, hidden: int, vocab: int, layers: int) -> tuple[di
     validate_weights(head, read_tensors(path, ("mask_hidden", "d2t")), path)
     k = options.num_speculative_tokens or head.trained_depth
     check_head_fits_target(head, path, hidden, vocab, layers, k)
+    if options.lookup_corpus is not None:
+        try:
+            read_answers(Path(options.lookup_corpus), vocab)
+        except CorpusError as exc:
+            raise PEagleConfigError(f"speculative_config['lookup_corpus']: {exc}") from exc
     log_acceptance(options, head, path)
     if k > head.trained_depth:
         logger.warning("p_eagle: num_speculative_tokens=%d is above the depth %d that %s was trained for; its "

@@ -58,8 +58,8 @@ def _new_series(labelnames: list[str]) -> dict[str, prometheus_client.metrics.Me
                     labelnames),
         steps_without_draft=c("peagle:steps_without_draft",
                               "Engine steps with every request in fallback: the head did not run.", labelnames),
-        lookup_drafts=c("peagle:lookup_draft_tokens", "Drafts verified that prompt lookup gave in place of the head's.",
-                        labelnames),
+        lookup_drafts=c("peagle:lookup_draft_tokens",
+                        "Drafts verified that prompt or corpus lookup gave in place of the head's.", labelnames),
         draft_seconds=h("peagle:draft_forward_seconds", "Time of each draft: inputs, one head forward, sampling.",
                         labelnames,
                         buckets=[1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0]),
@@ -135,7 +135,7 @@ class _LogState:
                 f"steps without a draft: {fig.steps_without_draft}, draft time "
                 f"{sum(fig.draft_us) / 1e3 / max(len(fig.draft_us), 1):.2f} ms x {len(fig.draft_us)}")
         if fig.lookup_drafts:
-            line += f", drafts from prompt lookup: {fig.lookup_drafts}"
+            line += f", drafts from lookup: {fig.lookup_drafts}"
         fig.drain()
         return line
 

@@ -2,8 +2,8 @@
 `scheduler_state.SchedulerState`).
 
 - `__init__`: a p_eagle scheduler gets its state, with a DepthController unless the config fixes K.
-- `update_draft_token_ids`: with prompt lookup on, greedy requests' first drafts come from their own text
-  (`prompt_lookup`); then each request's drafts are cut to the K the controller chooses (never
+- `update_draft_token_ids`: with prompt or corpus lookup on, greedy requests' first drafts come from their own
+  text or from the corpus (`prompt_lookup`); then each request's drafts are cut to the K the controller chooses (never
   more than the lookahead reserved for it), so the next step verifies only those (K=0: plain
   decoding for that request); then blocks the request no longer needs go back to the pool
   (`rollback_hook.release_surplus`). Seeded requests keep K_max so that the same seed gives the
@@ -64,10 +64,10 @@ def wrap_init(original):
             return
         mark = mark_of(spec)
         adaptive = mark.options.adaptive and not self.scheduler_config.async_scheduling
-        if mark.options.prompt_lookup is not None and self.scheduler_config.async_scheduling:
-            logger.warning("p_eagle: prompt lookup needs synchronous scheduling (drafts pass through the "
+        if mark.options.looks_up and self.scheduler_config.async_scheduling:
+            logger.warning("p_eagle: prompt and corpus lookup need synchronous scheduling (drafts pass through the "
                            "scheduler); with async scheduling the head drafts alone. Pass --no-async-scheduling "
-                           "for prompt lookup.")
+                           "for lookup.")
         if mark.options.adaptive and not adaptive:
             logger.warning("p_eagle: adaptive depth needs synchronous scheduling (drafts pass through the "
                            "scheduler); with async scheduling K stays fixed at %d. Pass "

@@ -1,20 +1,36 @@
 """All that p_eagle keeps on one vLLM Scheduler, as one object (`state_of(scheduler)`): the engine figures
-bound for the front end, prompt lookup where it is on, and, under adaptive depth, the controller with its
+bound for the front end, prompt and corpus lookup where they are on, and, under adaptive depth, the controller with its
 per-request bookkeeping (reservations, seeds, the head's gaps, the held fallback steps, released blocks)."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
+from peagle_vllm.config import PEagleOptions
+from peagle_vllm.corpus_lookup import CorpusLookup, read_answers
 from peagle_vllm.depth import DepthController, DepthOptions, FallbackHold
-from peagle_vllm.lookup import TokenHistory
+from peagle_vllm.lookup import FirstFound, TokenHistory
 from peagle_vllm.metrics import EngineFigures
+from peagle_vllm.vllm_adapter.log import logger
 from peagle_vllm.vllm_adapter.v1 import rollback_hook
 from peagle_vllm.vllm_adapter.v1.carriers import PEagleMark
 from peagle_vllm.vllm_adapter.v1.head_catch_up import HeadGaps
 
 STATE_ATTR = "_peagle"  # the one attribute p_eagle sets on a Scheduler
 SAMPLING_EPS = 1e-5  # vLLM's greedy threshold on temperature
+
+
+def lookups_of(options: PEagleOptions) -> FirstFound | None:
+    """The lookups beside the head, tried in turn: the request's own text, then the corpus; None: neither is on."""
+    lookups = [] if options.prompt_lookup is None else [options.prompt_lookup]
+    if options.lookup_corpus is not None:
+        start = time.perf_counter()
+        corpus = CorpusLookup(read_answers(Path(options.lookup_corpus)))
+        logger.info("p_eagle: lookup corpus %s: %d answers, %d tokens, indexed in %.1f s", options.lookup_corpus,
+                    corpus.answers, corpus.tokens, time.perf_counter() - start)
+        lookups.append(corpus)
+    return FirstFound(tuple(lookups)) if lookups else None
 
 
 class SchedulerState:
@@ -39,8 +55,9 @@ class SchedulerState:
         self.hold = FallbackHold()  # steady fallback's steps that skip the controller
         self.blocks_released = 0  # blocks handed back before their request ended
         self.trimmable = rollback_hook.trimmable_managers(scheduler) if adaptive else []  # fixed for the engine's life
-        # greedy requests' first drafts from their own text (`prompt_lookup`); drafts bypass the scheduler under async
-        self.lookup = None if async_scheduling else mark.options.prompt_lookup
+        # greedy requests' first drafts from their own text, else a corpus (`prompt_lookup`); drafts bypass the
+        # scheduler under async scheduling
+        self.lookup = None if async_scheduling else lookups_of(mark.options)
         self.history = TokenHistory()  # each request's tokens as an array, for the lookup
 
     def is_seeded(self, scheduler, req_id: str) -> bool:

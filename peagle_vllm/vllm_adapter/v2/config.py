@@ -88,10 +88,11 @@ def refuse_conflicting_fields(spec: SpeculativeConfig, options: PEagleOptions) -
         raise PEagleConfigError(f"{_field('accept_tolerance', own=True)} > 0 with verifier_accept_k > 1 (lossy "
                                 "acceptance) needs p_eagle's own sampler, which vLLM 0.34's V2 runner does not run: "
                                 "drop both keys (or use vLLM 0.32/0.33)")
-    if options.prompt_lookup is not None:
-        raise PEagleConfigError(f"{_field('prompt_lookup_max', own=True)}: prompt lookup beside the head needs the "
-                                "drafts to pass p_eagle's scheduler hook, which vLLM 0.34's V2 runner does not have: "
-                                "drop prompt_lookup_max/min (or use vLLM 0.32/0.33)")
+    if options.looks_up:
+        name = "prompt_lookup_max" if options.prompt_lookup is not None else "lookup_corpus"
+        raise PEagleConfigError(f"{_field(name, own=True)}: prompt and corpus lookup beside the head need the drafts "
+                                "to pass p_eagle's scheduler hook, which vLLM 0.34's V2 runner does not have: drop "
+                                "prompt_lookup_max/min and lookup_corpus (or use vLLM 0.32/0.33)")
     method = spec.rejection_sample_method
     if method not in ("standard", REJECTION_METHOD[options.verify]):
         raise PEagleConfigError(f"{_field('rejection_sample_method')} is {method!r}: p_eagle verifies losslessly "
