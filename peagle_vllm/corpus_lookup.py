@@ -33,7 +33,9 @@ class CorpusLookup:
         """sequences: (context tail, answer) token lists; min_n: shortest suffix matched; min_prob: the walk stops
         where the product of its tokens' frequencies would fall below it."""
         top = max((max(c + a) for c, a in sequences if c or a), default=0) + 1
-        self.bits = 16 if top < (1 << 16) else 21  # per token, stored as id + 1 (0: before the context)
+        # bits per token, stored as id + 1 (0: before the context); a range's end adds 1 to a full word, which
+        # must not wrap
+        self.bits = 16 if top < (1 << 16) - 1 else 21
         if top >= (1 << 21):
             raise ValueError(f"token ids up to {top - 1} do not fit the index's 21 bits")
         self.per_word = 64 // self.bits
@@ -60,7 +62,8 @@ class CorpusLookup:
                 key = (key << np.uint64(self.bits)) | flat[ends - j].astype(np.uint64)
             words.append(key)
         order = np.lexsort((words[1], words[0]))
-        self._first, self._second = words[0][order], words[1][order]  # [N] each: tokens 0-3 back, 4-7 back
+        # [N] each: the per_word tokens before the next one (nearest first), then the per_word before those
+        self._first, self._second = words[0][order], words[1][order]
         self._next = (flat[ends + 1][order] - 1).astype(np.int32)  # [N]: the answer token that followed
 
     def _longest(self, tokens: np.ndarray) -> tuple[int, int, int]:

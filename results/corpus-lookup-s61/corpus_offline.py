@@ -9,6 +9,7 @@ against the corpus's size. Run from the repository root:
 """
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -18,20 +19,13 @@ from peagle_vllm.corpus_lookup import CorpusLookup, read_answers
 from peagle_vllm.lookup import FirstFound, PromptLookup
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "prompt-lookup-s60"))
+from lookup_offline import accepted  # noqa: E402 (the same rule: drafts accepted up to the first mismatch)
 ROWS = json.loads((HERE.parent / "prompt-lookup-s60" / "greedy_heads.json").read_text())
 DATASETS = Path("datasets/smollm2")
 # in the order they were distilled (datasets/smollm2/README.md)
 SETS = ["distill-b", "distill-c", "distill-d", "distill-e", "distill-f", "distill-g", "requests", "questions",
         "requests-b", "user-turns"]
-
-
-def accepted(draft: list[int], out: list[int], t: int) -> int:
-    n = 0
-    for a, b in zip(draft, out[t:]):
-        if a != b:
-            break
-        n += 1
-    return n
 
 
 def replay(k: int, lookup) -> tuple[float, int, float]:
