@@ -46,14 +46,18 @@ class CorpusLookup:
 
     def _build(self, sequences: list[tuple[list[int], list[int]]]) -> None:
         tail = self.max_n
-        rows = [np.asarray(c[-tail:] + a, dtype=np.int64) for c, a in sequences if a]
-        flat = np.concatenate([np.concatenate([[0] * tail, r + 1]) for r in rows]) if rows else np.zeros(0, np.int64)
-        # ends [N]: positions whose next token is an answer token (the context ends there)
-        ends, start = [], 0
-        for c, a in ((c[-tail:], a) for c, a in sequences if a):
-            first = start + tail + len(c)  # the answer's first token
-            ends.append(np.arange(first - 1, first + len(a) - 1))
-            start += tail + len(c) + len(a)
+        # flat: each answer after `tail` zeros and its context's last `tail` tokens, ids + 1; ends [N]: the
+        # positions whose next token is an answer token (a context ends there)
+        pieces, ends, start = [], [], 0
+        for context, answer in sequences:
+            if not answer:
+                continue
+            context = context[-tail:]
+            pieces.append(np.concatenate([np.zeros(tail, np.int64), np.asarray(context + answer, np.int64) + 1]))
+            first = start + tail + len(context)  # the answer's first token
+            ends.append(np.arange(first - 1, first + len(answer) - 1))
+            start += len(pieces[-1])
+        flat = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
         ends = np.concatenate(ends) if ends else np.zeros(0, np.int64)
         words = []
         for w in range(2):

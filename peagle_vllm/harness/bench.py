@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from peagle_vllm.harness.prompts import eval_prompts
+from peagle_vllm.harness.real_target import REPO
 from peagle_vllm.harness.runs import close_llm, make_llm, request_spec_figures, set_cpu_defaults
 
 T = TypeVar("T")  # a prompt, or a replay's recorded prompt
@@ -45,7 +46,7 @@ HEADS = {"SmolLM2-135M-Instruct": {"eagle3": "smollm2-eagle3", "standard": "smol
                                    "depth": "smollm2-peagle-depth"},
          "demo-target": {"eagle3": "demo-eagle3", "standard": "demo-peagle-standard", "depth": "demo-peagle-depth"}}
 # answers each shipped target wrote, for corpus lookup (`peagle_vllm/corpus_lookup.py`): the heads' training data
-CORPORA = {"SmolLM2-135M-Instruct": Path(__file__).resolve().parents[2] / "datasets" / "smollm2"}
+CORPORA = {"SmolLM2-135M-Instruct": REPO / "datasets" / "smollm2"}
 
 
 @dataclass(frozen=True)
