@@ -76,12 +76,16 @@ def _models_for_a_run(args: argparse.Namespace) -> tuple[Path, Path]:
 def cmd_demo(args: argparse.Namespace) -> None:
     """No speculation vs p_eagle: tokens/s, speedup, latency, acceptance, lossless check, per concurrency."""
     target, draft = _models_for_a_run(args)
-    from peagle_vllm.harness.demo import render, run_demo
+    from peagle_vllm.config import PEagleConfigError
+    from peagle_vllm.harness.demo import demo_spec, render, run_demo
 
+    try:
+        spec = demo_spec(draft, args.k, not args.fixed_k, args.prompt_lookup, args.lookup_corpus, args.head_depth)
+    except PEagleConfigError as exc:
+        _fail(str(exc))
     prompts = _prompts(target, args.prompts, args.prompts_file, args.seed)
-    report = run_demo(target, draft, args.k, not args.fixed_k, prompts, args.max_tokens, args.concurrency,
-                      log=(lambda *_: None) if args.json else print, prompt_lookup_max=args.prompt_lookup,
-                      lookup_corpus=args.lookup_corpus)
+    report = run_demo(target, spec, prompts, args.max_tokens, args.concurrency,
+                      log=(lambda *_: None) if args.json else print)
     print(json.dumps(report) if args.json else render(report))
 
 
@@ -126,17 +130,7 @@ def cmd_calibrate_draft(args: argparse.Namespace) -> None:
         _fail(str(exc))
     if args.write:
         report["written"] = str(calibrate.write(str(draft), report["draft_temperature"]))
-    if args.json:
-        print(json.dumps(report))
-        return
-    scores = report["expected_accepted"]
-    print(f"{report['steps']} steps; expected accepted drafts per step, by draft temperature:")
-    cells = [f"{s:>4}: {v:.3f}" for s, v in scores.items()]
-    for row in range(0, len(cells), 9):
-        print("  " + "   ".join(cells[row:row + 9]))
-    best = report["draft_temperature"]
-    print(f"best: {best} ({scores[str(best)]:.3f} drafts against {scores['1.0']:.3f} at 1.0)"
-          + (f"; written to {report['written']}" if args.write else "; --write stores it in the head's config.json"))
+    print(json.dumps(report) if args.json else calibrate.render(report))
 
 
 def _preflight_serve(vllm_args: list[str]) -> None:
@@ -253,10 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--k", type=int, default=8, help="tokens drafted per step (1-32)")
     d.add_argument("--fixed-k", action="store_true", help="draft K tokens every step (adaptive depth off)")
     d.add_argument("--prompt-lookup", type=int, metavar="N", help="prompt lookup beside the head: greedy requests' "
-                   "first drafts from their own text, n-grams up to N (the config's prompt_lookup_max; default off)")
-    d.add_argument("--lookup-corpus", metavar="PATH", help="corpus lookup beside the head: greedy requests' first "
+                   "drafts from their own text where it repeats, n-grams up to N (the config's prompt_lookup_max; "
+                   "default off)")
+    d.add_argument("--lookup-corpus", metavar="PATH", help="corpus lookup beside the head: greedy requests' "
                    "drafts from answers the target wrote (`peagle-vllm distill` output, e.g. datasets/smollm2) where "
                    "prompt lookup finds none (the config's lookup_corpus; default off)")
+    d.add_argument("--head-depth", type=int, metavar="N", help="with a lookup on: the head drafts at most N tokens a "
+                   "step, lookups the rest up to K (the config's head_depth; default: all K)")
     d.add_argument("--json", action="store_true", help="print one JSON object (top level: the first concurrency)")
     d.add_argument("--target", default=str(DEMO_TARGET), help="target model directory (models/demo-target: the "
                    "tiny test target)")

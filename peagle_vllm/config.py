@@ -21,7 +21,7 @@ VERIFY_MODES = ("auto", "standard", "block")
 # Keys that are ours; everything else in the dict is handed to vLLM's SpeculativeConfig.
 OWN_KEYS = ("verify", "adaptive", "min_k", "acceptance_warn_below", "verifier_accept_k", "accept_tolerance",
             "head_matmul_dtype", "draft_temperature", "prompt_lookup_max", "prompt_lookup_min",
-            "lookup_corpus")
+            "lookup_corpus", "head_depth")
 # speculators' lossy acceptance (GreedyTokenProposalConfig), never taken from a checkpoint: lossless defaults.
 TOLERANCE_KEYS = ("verifier_accept_k", "accept_tolerance")
 # vLLM keys whose meaning conflicts with p_eagle (it sets them itself).
@@ -60,9 +60,10 @@ class PEagleOptions:
     accept_tolerance: float = 0.0  # ... when log p_top - log p_draft <= this (0: exact match only)
     head_matmul_dtype: str = "auto"  # the head's matmuls: bfloat16 on a capable CPU, else its dtype (`matmul_dtype`)
     draft_temperature: float | None = None  # sampled drafts at T x this (`draft_temperature`); None: the head's own
-    prompt_lookup_max: int | None = None  # greedy requests' first drafts from their own text (`lookup`); None: off
+    prompt_lookup_max: int | None = None  # greedy requests' drafts from their own text (`lookup`); None: off
     prompt_lookup_min: int = DEFAULT_MIN_N  # shortest n-gram prompt lookup matches
     lookup_corpus: str | None = None  # answers the target wrote (`corpus_lookup`) drafting where prompt lookup has none
+    head_depth: int | None = None  # the most drafts the head gives per step, lookups the rest up to K; None: K
 
     @property
     def looks_up(self) -> bool:
@@ -147,6 +148,15 @@ def split_p_eagle_config(user: dict[str, Any], known_vllm_keys: set[str] | None 
     if corpus is not None and (not isinstance(corpus, str) or not Path(corpus).exists()):
         raise PEagleConfigError(f"{_field('lookup_corpus')} is {corpus!r}: give the path of answers the target wrote, "
                                 "as `peagle-vllm distill` writes them (a directory of chunk-*.jsonl.gz, or one file)")
+    head_depth = cfg.get("head_depth")
+    if head_depth is not None:
+        if isinstance(head_depth, bool) or not isinstance(head_depth, int) or not 1 <= head_depth <= (k or MAX_K):
+            raise PEagleConfigError(f"{_field('head_depth')} must be an integer from 1 to num_speculative_tokens, "
+                                    f"got {head_depth!r}")
+        if lookup_max is None and corpus is None:
+            raise PEagleConfigError(f"{_field('head_depth')} needs prompt_lookup_max or lookup_corpus: past the "
+                                    f"head's depth only lookups draft; without them set num_speculative_tokens to "
+                                    f"{head_depth} instead")
     for key, fix in REFUSED_KEYS.items():
         if key in cfg:
             raise PEagleConfigError(f"{_field(key)} cannot be used with p_eagle: {fix}")
@@ -160,7 +170,7 @@ def split_p_eagle_config(user: dict[str, Any], known_vllm_keys: set[str] | None 
                          acceptance_warn_below=float(warn_below), verifier_accept_k=accept_k,
                          accept_tolerance=float(tolerance), head_matmul_dtype=matmul_dtype,
                          draft_temperature=draft_temperature, prompt_lookup_max=lookup_max,
-                         prompt_lookup_min=lookup_min, lookup_corpus=corpus), passthrough
+                         prompt_lookup_min=lookup_min, lookup_corpus=corpus, head_depth=head_depth), passthrough
 
 
 def _prompt_lookup(cfg: dict[str, Any]) -> tuple[int | None, int]:

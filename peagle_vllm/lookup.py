@@ -1,13 +1,14 @@
 """Prompt lookup beside the head: where a greedy request's tokens so far end in an n-gram that occurred earlier in
 them (prompt or output), the tokens that followed its latest earlier occurrence are drafted in place of the head's
-first drafts, and the head's drafts keep the depths past them.
+drafts at those depths (`chain`).
 
 Rules:
 - The longest suffix n-gram with `min_n <= n <= max_n` wins; among its occurrences, the latest (nearest text).
 - Only greedy requests: a greedy draft is checked against the target's argmax whatever drafted it, so the output
   stays the target's; a sampled draft's acceptance needs the draft distribution q the head sampled it from.
 - P-EAGLE's head drafts every depth from the context and mask slots, never from its own earlier drafts, so its
-  depth-d draft stays a draft for position d after lookup tokens replace the depths before it.
+  depth-d draft stays a draft for position d whatever drafts fill the depths before it; and a lookup drafts from
+  any text, so it looks up again past each of the head's drafts.
 No vLLM here: the scheduler hook (`vllm_adapter/v1/scheduler_hook.py`) applies it to each step's drafts.
 """
 
@@ -89,7 +90,20 @@ class FirstFound:
         return tokens[:0]
 
 
-def blend(head_drafts: list[int], looked_up: np.ndarray) -> list[int]:
-    """A request's drafts: the looked-up tokens at the first depths, the head's drafts [K] at the rest (K kept)."""
-    n = min(len(looked_up), len(head_drafts))
-    return looked_up[:n].tolist() + list(head_drafts[n:])
+def chain(lookup, text: np.ndarray, head_drafts: list[int], k: int) -> tuple[list[int], list[bool]]:
+    """(drafts [<= k], whether each came from the lookup): depth by depth, the lookup's continuation of the text
+    [L] and the drafts so far where it finds one, else the head's draft at that depth [K_head]. The drafts end at
+    k, or at the first depth past the head's where the lookup finds none."""
+    drafts, by_lookup = [], []
+    while len(drafts) < k:
+        found = lookup.continuation(np.concatenate((text, np.asarray(drafts, dtype=text.dtype))) if drafts else text,
+                                    k - len(drafts))
+        if len(found):
+            drafts += found.tolist()
+            by_lookup += [True] * len(found)
+        elif len(drafts) < len(head_drafts):
+            drafts.append(head_drafts[len(drafts)])
+            by_lookup.append(False)
+        else:
+            break
+    return drafts, by_lookup

@@ -56,6 +56,7 @@ class Mode:
     extra: tuple = ()  # speculative-config entries besides model and K
     by_default: bool = True  # run when no --modes are named
     corpus: bool = False  # with the target's lookup corpus (CORPORA)
+    head_depth: int | None = None  # the head drafts at most this deep (at most K), lookups past it
 
     def spec(self, target: Path, k: int) -> dict | None:
         if self.head is None:
@@ -70,7 +71,8 @@ class Mode:
                 raise ValueError(f"mode {self.name}: no lookup corpus for target {target.name}; it has one for "
                                  f"{', '.join(CORPORA)}")
             corpus = {"lookup_corpus": str(CORPORA[target.name])}
-        return {**dict(self.extra), **corpus, "model": str(model), "num_speculative_tokens": k}
+        depth = {} if self.head_depth is None else {"head_depth": min(self.head_depth, k)}
+        return {**dict(self.extra), **corpus, **depth, "model": str(model), "num_speculative_tokens": k}
 
 
 MODES = [
@@ -89,6 +91,10 @@ MODES = [
          by_default=False, corpus=True),
     Mode("p_eagle-depth-adaptive-lookup-corpus", "depth", (("method", "p_eagle"), ("prompt_lookup_max", 5)),
          by_default=False, corpus=True),
+    # ... with the head's drafts at the first two depths only, lookups' past them up to K
+    Mode("p_eagle-depth-head2-lookup-corpus", "depth", (("method", "p_eagle"), ("adaptive", False),
+                                                        ("prompt_lookup_max", 5)), by_default=False, corpus=True,
+         head_depth=2),
 ]
 
 

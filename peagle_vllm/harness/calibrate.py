@@ -125,3 +125,16 @@ def run(target: str, draft: str, prompts: list[str], k: int = K, max_tokens: int
     best, scores = calibrate(target_logits, draft_logits, draft_ids(draft), top_p)
     return {"draft": draft, "k": k, "top_p": top_p, "prompts": len(prompts), "steps": int(target_logits.shape[0]),
             "draft_temperature": best, "expected_accepted": {str(s): round(v, 4) for s, v in scores.items()}}
+
+
+def render(report: dict) -> str:
+    """calibrate-draft's screen: expected accepted drafts per step by draft temperature, and the best."""
+    scores = report["expected_accepted"]
+    cells = [f"{s:>4}: {v:.3f}" for s, v in scores.items()]
+    lines = [f"{report['steps']} steps; expected accepted drafts per step, by draft temperature:"]
+    lines += ["  " + "   ".join(cells[row:row + 9]) for row in range(0, len(cells), 9)]
+    best = report["draft_temperature"]
+    lines.append(f"best: {best} ({scores[str(best)]:.3f} drafts against {scores['1.0']:.3f} at 1.0)"
+                 + (f"; written to {report['written']}" if "written" in report
+                    else "; --write stores it in the head's config.json"))
+    return "\n".join(lines)

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from peagle_vllm.config import PEagleConfigError, split_p_eagle_config
 from peagle_vllm.harness.runs import close_llm, make_llm, request_spec_figures
 
 WARMUP_TOKENS = 16
@@ -77,25 +78,37 @@ def run_cell(target: str, spec: dict, prompts: list[str], concurrency: int, max_
                 figures.drafts)
 
 
-def run_demo(target: Path, draft: Path, k: int, adaptive: bool, prompts: list[str], max_tokens: int,
-             concurrencies: list[int], log=print, prompt_lookup_max: int | None = None,
-             lookup_corpus: str | None = None) -> dict:
-    """The report: top-level figures are those of the first concurrency (1 by default), `by_concurrency` has all.
-    `prompt_lookup_max`, `lookup_corpus`: prompt and corpus lookup beside the head (`peagle_vllm.lookup`,
-    `peagle_vllm.corpus_lookup`), None: off."""
+def demo_spec(draft: Path, k: int, adaptive: bool, prompt_lookup_max: int | None = None,
+              lookup_corpus: str | None = None, head_depth: int | None = None) -> dict:
+    """The demo's p_eagle config, validated: a bad value is a PEagleConfigError naming the field and the demo's
+    flags. `prompt_lookup_max`, `lookup_corpus`: prompt and corpus lookup beside the head (`peagle_vllm.lookup`,
+    `peagle_vllm.corpus_lookup`), None: off; `head_depth`: the head drafts at most this deep, lookups past it
+    (None: all K)."""
     spec = {"method": "p_eagle", "model": str(draft), "num_speculative_tokens": k, "adaptive": adaptive}
-    if prompt_lookup_max is not None:
-        spec["prompt_lookup_max"] = prompt_lookup_max
-    if lookup_corpus is not None:
-        spec["lookup_corpus"] = lookup_corpus
+    for key, value in (("prompt_lookup_max", prompt_lookup_max), ("lookup_corpus", lookup_corpus),
+                       ("head_depth", head_depth)):
+        if value is not None:
+            spec[key] = value
+    try:
+        split_p_eagle_config(spec)
+    except PEagleConfigError as exc:  # the config's fields are the demo's flags
+        raise PEagleConfigError(f"{exc} (set by --k, --prompt-lookup, --lookup-corpus, --head-depth)") from exc
+    return spec
+
+
+def run_demo(target: Path, spec: dict, prompts: list[str], max_tokens: int, concurrencies: list[int],
+             log=print) -> dict:
+    """The report of `spec` (`demo_spec`) on `target`: top-level figures are those of the first concurrency (1 by
+    default), `by_concurrency` has all."""
     cells = {}
     for c in concurrencies:
         requests = (prompts * (2 * c // len(prompts) + 1))[:max(len(prompts), 2 * c)] if c > 1 else prompts
         log(f"concurrency {c}: {len(requests)} requests, no speculation and p_eagle ...")
         cells[c] = run_cell(str(target), spec, requests, c, max_tokens).to_dict()
     first = cells[concurrencies[0]]
-    return {"target": str(target), "draft": str(draft), "k": k, "adaptive": adaptive,
-            "prompt_lookup_max": prompt_lookup_max, "lookup_corpus": lookup_corpus, "max_tokens": max_tokens,
+    return {"target": str(target), "draft": spec["model"], "k": spec["num_speculative_tokens"],
+            "adaptive": spec["adaptive"], "prompt_lookup_max": spec.get("prompt_lookup_max"),
+            "lookup_corpus": spec.get("lookup_corpus"), "head_depth": spec.get("head_depth"), "max_tokens": max_tokens,
             "prompts": len(prompts), **{key: first[key] for key in (
                 "speedup", "acceptance_length", "greedy_identical", "per_position_acceptance", "tokens_per_s",
                 "mean_latency_s", "drafting")},
@@ -109,6 +122,8 @@ def render(report: dict) -> str:
         mode += f", prompt lookup of n-grams up to {report['prompt_lookup_max']}"
     if report.get("lookup_corpus"):
         mode += f", corpus lookup from {report['lookup_corpus']}"
+    if report.get("head_depth"):
+        mode += f", the head's drafts at the first {report['head_depth']} depths only"
     lines = [f"target {report['target']}", f"draft  {report['draft']}  (K={report['k']}, {mode})",
              f"{report['prompts']} held-out prompts, up to {report['max_tokens']} greedy tokens each", ""]
     for c, cell in report["by_concurrency"].items():

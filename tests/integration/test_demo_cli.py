@@ -42,6 +42,7 @@ def test_demo_screen_says_in_words_when_no_draft_was_verified() -> None:
     assert "acceptance length 2.50" in render(report) and "prompt lookup" not in render(report)
     assert "adaptive depth, prompt lookup of n-grams up to 5" in render({**report, "prompt_lookup_max": 5})
     assert "adaptive depth, corpus lookup from answers/" in render({**report, "lookup_corpus": "answers/"})
+    assert "the head's drafts at the first 2 depths only" in render({**report, "head_depth": 2})
 
 
 def test_a_bad_prompts_file_is_one_line_naming_it(demo, tmp_path: Path) -> None:
@@ -53,3 +54,12 @@ def test_a_bad_prompts_file_is_one_line_naming_it(demo, tmp_path: Path) -> None:
     assert run.stderr.strip().splitlines() == [f"peagle-vllm: error: --prompts-file {bad} must hold a non-empty JSON "
                                                'list of non-empty strings (user messages), e.g. ["Write a haiku.", '
                                                '"What is 2+2?"]']
+
+
+def test_a_head_depth_without_a_lookup_is_one_line_naming_it(demo) -> None:
+    run = subprocess.run([sys.executable, "-m", "peagle_vllm.cli", "demo", "--target", str(demo["target"]),
+                          "--head-depth", "2"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    [line] = run.stderr.strip().splitlines()
+    assert "speculative_config['head_depth'] needs prompt_lookup_max or lookup_corpus" in line
+    assert line.endswith("(set by --k, --prompt-lookup, --lookup-corpus, --head-depth)")

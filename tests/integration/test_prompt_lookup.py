@@ -73,3 +73,31 @@ def test_corpus_lookup_drafts_the_answers_it_holds(demo, tmp_path) -> None:
     print(f"acceptance length: answers in the corpus {held.acceptance_length:.2f}, others {new.acceptance_length:.2f}")
     assert held.acceptance_length > new.acceptance_length + 3 and looked_up > 0
 
+
+
+def test_past_the_heads_depth_only_lookups_draft(demo, tmp_path) -> None:
+    """K=8 with `head_depth` 2, prompt lookup and a corpus of the greedy answers to 4 of 8 prompts, in one batch
+    with sampled requests: the greedy answers stay the target's, and those the corpus holds are drafted past the
+    head's 2 depths (more than 3 tokens a step, the most the head alone could give); the sampled requests verify
+    the head's 2 drafts only (the columns past them are padding)."""
+    from vllm import SamplingParams
+
+    prompts = held_out_prompts(8)
+    greedy, sampled = SamplingParams(temperature=0, max_tokens=64), SamplingParams(temperature=1.0, seed=7,
+                                                                                   max_tokens=64)
+    plain = make_llm(str(demo["target"]), None)
+    answers = plain.generate(prompts, greedy, use_tqdm=False)
+    close_llm(plain)
+    (tmp_path / "chunk-0000.jsonl").write_text("".join(
+        json.dumps({"prompt_ids": list(o.prompt_token_ids), "response_ids": list(o.outputs[0].token_ids)}) + "\n"
+        for o in answers[:4]))
+    llm = make_llm(str(demo["target"]), p_eagle(demo["draft"], adaptive=False, prompt_lookup_max=5, head_depth=2,
+                                                lookup_corpus=str(tmp_path)), per_request_spec_decode_metrics="summary")
+    outs = llm.generate(prompts + prompts[4:], [greedy] * 8 + [sampled] * 4, use_tqdm=False)
+    close_llm(llm)
+    assert [o.outputs[0].token_ids for o in outs[:8]] == [o.outputs[0].token_ids for o in answers]
+    held, drawn = request_spec_figures(outs[:4]), request_spec_figures(outs[8:])
+    print(f"acceptance length: answers in the corpus {held.acceptance_length:.2f}, sampled requests "
+          f"{drawn.acceptance_length:.2f} ({drawn.draft_tokens} drafts in {drawn.drafts} steps)")
+    assert held.acceptance_length > 3
+    assert drawn.drafts and drawn.draft_tokens == 2 * drawn.drafts

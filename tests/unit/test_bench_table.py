@@ -46,7 +46,8 @@ def test_unknown_modes_are_named_and_lookup_modes_run_only_when_named() -> None:
             main(["bench", "--target", "models/none", "--out", "unused", *flag])
     assert [m.name for m in MODES if not m.by_default] == ["p_eagle-depth-lookup", "p_eagle-depth-adaptive-lookup",
                                                            "p_eagle-depth-lookup-corpus",
-                                                           "p_eagle-depth-adaptive-lookup-corpus"]
+                                                           "p_eagle-depth-adaptive-lookup-corpus",
+                                                           "p_eagle-depth-head2-lookup-corpus"]
 
 
 def test_corpus_modes_take_the_targets_corpus() -> None:
@@ -59,6 +60,10 @@ def test_corpus_modes_take_the_targets_corpus() -> None:
     assert len(read_answers(Path(spec["lookup_corpus"]))) > 30_000  # the heads' distilled answers, in the repository
     with pytest.raises(ValueError, match="no lookup corpus for target demo-target"):
         mode.spec(Path("models/demo-target"), 4)
+    head2 = next(m for m in MODES if m.name == "p_eagle-depth-head2-lookup-corpus")
+    assert head2.spec(Path("models/SmolLM2-135M-Instruct"), 8)["head_depth"] == 2
+    assert head2.spec(Path("models/SmolLM2-135M-Instruct"), 1)["head_depth"] == 1  # never past K
+    assert "head_depth" not in spec
 
 
 def _row(mode: str, k: int, tps: float, conc: int = 1) -> dict:

@@ -37,6 +37,14 @@ def test_corpus_lookup_is_off_until_lookup_corpus(tmp_path) -> None:
     assert "lookup_corpus" not in rest
 
 
+def test_head_depth_is_all_of_k_until_set_beside_a_lookup() -> None:
+    assert split_p_eagle_config({**GOOD, "prompt_lookup_max": 5})[0].head_depth is None
+    on, rest = split_p_eagle_config({**GOOD, "prompt_lookup_max": 5, "head_depth": 2},
+                                    {"model", "num_speculative_tokens"})
+    assert on.head_depth == 2 and "head_depth" not in rest
+    assert split_p_eagle_config({**GOOD, "prompt_lookup_max": 5, "head_depth": 8})[0].head_depth == 8
+
+
 @pytest.mark.parametrize("change,field", [
     ({"model": None}, "model"),
     ({"num_speculative_tokens": 0}, "num_speculative_tokens"),
@@ -54,6 +62,10 @@ def test_corpus_lookup_is_off_until_lookup_corpus(tmp_path) -> None:
     ({"prompt_lookup_max": 2, "prompt_lookup_min": 3}, "prompt_lookup_min"),
     ({"lookup_corpus": "/no/such/answers"}, "lookup_corpus"),
     ({"lookup_corpus": 5}, "lookup_corpus"),
+    ({"prompt_lookup_max": 5, "head_depth": 0}, "head_depth"),
+    ({"prompt_lookup_max": 5, "head_depth": 9}, "head_depth"),  # past num_speculative_tokens
+    ({"prompt_lookup_max": 5, "head_depth": "2"}, "head_depth"),
+    ({"head_depth": 2}, "head_depth"),  # no lookup drafts past it
     ({"suffix_decoding_max_tree_depth": 8}, "suffix_decoding_max_tree_depth"),
     ({"adaptive": "yes"}, "adaptive"),
     ({"min_k": 9}, "min_k"),

@@ -1,4 +1,4 @@
-"""Prompt lookup (`peagle_vllm.lookup`) on token arrays: which continuation it finds, and how it blends with the
+"""Prompt lookup (`peagle_vllm.lookup`) on token arrays: which continuation it finds, and how it chains with the
 head's drafts."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from peagle_vllm.lookup import PromptLookup, TokenHistory, blend
+from peagle_vllm.lookup import PromptLookup, TokenHistory, chain
 
 
 def found(tokens: list[int], k: int = 4, min_n: int = 2, max_n: int = 5) -> list[int]:
@@ -59,11 +59,33 @@ def test_agrees_with_a_direct_search_on_random_text(min_n: int, max_n: int) -> N
         assert found(tokens, 6, min_n, max_n) == naive(tokens, 6, min_n, max_n), tokens
 
 
-def test_blend_puts_the_lookup_first_and_keeps_the_heads_later_depths() -> None:
-    head = [1, 2, 3, 4]
-    assert blend(head, np.array([7, 7])) == [7, 7, 3, 4]
-    assert blend(head, np.array([7, 7, 7, 7, 7, 7])) == [7, 7, 7, 7]  # K kept
-    assert blend(head, np.array([], dtype=np.int64)) == head
+class Table:
+    """A lookup that continues a text by a fixed table: last token -> the tokens that follow it."""
+
+    def __init__(self, table: dict[int, list[int]]) -> None:
+        self.table, self.asked = table, []
+
+    def continuation(self, tokens: np.ndarray, k: int) -> np.ndarray:
+        self.asked.append(tokens.tolist())
+        return np.array(self.table.get(int(tokens[-1]), [])[:k], dtype=np.int64)
+
+
+def test_chain_looks_up_again_past_each_of_the_heads_drafts() -> None:
+    text = np.array([5, 6], dtype=np.int64)
+    lookup = Table({6: [7, 7], 2: [9]})  # after the text: 7 7; after the head's depth-2 draft (2): 9
+    drafts, by_lookup = chain(lookup, text, [1, 1, 2, 3, 4, 5], 6)
+    assert (drafts, by_lookup) == ([7, 7, 2, 9, 4, 5], [True, True, False, True, False, False])
+    # each lookup saw the text and the drafts before its depth
+    assert lookup.asked[:3] == [[5, 6], [5, 6, 7, 7], [5, 6, 7, 7, 2]]
+
+
+def test_chain_ends_at_k_or_past_the_heads_depth_where_the_lookup_finds_nothing() -> None:
+    text = np.array([5, 6], dtype=np.int64)
+    assert chain(Table({6: [7] * 9}), text, [1, 2], 4) == ([7, 7, 7, 7], [True] * 4)  # k kept
+    assert chain(Table({}), text, [1, 2, 3, 4], 4) == ([1, 2, 3, 4], [False] * 4)  # the head's alone
+    assert chain(Table({6: [7, 8]}), text, [1, 2], 8) == ([7, 8], [True, True])  # past the head's 2 depths: lookups only
+    assert chain(Table({2: [9, 9]}), text, [1, 2], 8) == ([1, 2, 9, 9], [False, False, True, True])
+    assert chain(Table({}), text, [], 4) == ([], [])
 
 
 def test_token_history_copies_only_what_was_appended_and_matches_the_text() -> None:

@@ -1,6 +1,6 @@
 """Prompt and corpus lookup on the scheduler's side (`lookup.PromptLookup`, `corpus_lookup.CorpusLookup`, tried in
-turn: `lookup.FirstFound`): each greedy request's drafts from this step's head forward get their first depths from
-the request's own tokens, or from the corpus, where an n-gram match says what comes next.
+turn: `lookup.FirstFound`): each greedy request's drafts from this step's head forward are chained with what the
+request's own tokens, or the corpus, say comes next (`lookup.chain`).
 
 Applied in `update_draft_token_ids` (`scheduler_hook`), after `update_from_output` appended the step's accepted
 tokens to each request, and before adaptive depth cuts each request's drafts to its K. Synchronous scheduling
@@ -8,24 +8,24 @@ only: under async scheduling the drafts go from the worker to the next step with
 
 from __future__ import annotations
 
-from peagle_vllm.lookup import FirstFound, TokenHistory, blend
+from peagle_vllm.lookup import FirstFound, TokenHistory, chain
 from peagle_vllm.vllm_adapter.v1.scheduler_state import SAMPLING_EPS
 
 
 def with_lookup(scheduler, lookup: FirstFound, history: TokenHistory, req_ids: list[str],
-                drafts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
-    """(drafts, looked up): each greedy request's drafts [K] with its looked-up continuation at the first depths
-    (`lookup.blend`), the others' as they were; and per request, how many of its first drafts the lookup gave.
+                drafts: list[list[int]], k: int) -> tuple[list[list[int]], list[list[bool]]]:
+    """(drafts, by lookup): each greedy request's head drafts [K_head] chained with its lookups up to k drafts
+    (`lookup.chain`), the others' as they were; and per request, which of its drafts the lookups gave.
     `history` keeps each request's tokens as an array (forgotten when the request finishes: `scheduler_hook`)."""
-    out, looked_up = [], []
+    out, by_lookup = [], []
     for rid, row in zip(req_ids, drafts):
         request = scheduler.requests.get(rid)
         params = getattr(request, "sampling_params", None)
         if params is None or params.temperature > SAMPLING_EPS or not len(row):
             out.append(row)
-            looked_up.append(0)
+            by_lookup.append([])
             continue
-        found = lookup.continuation(history.of(rid, request.all_token_ids), len(row))
-        looked_up.append(len(found))
-        out.append(blend(row, found) if len(found) else row)
-    return out, looked_up
+        row, given = chain(lookup, history.of(rid, request.all_token_ids), list(row), k)
+        out.append(row)
+        by_lookup.append(given)
+    return out, by_lookup

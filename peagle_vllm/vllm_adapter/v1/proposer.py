@@ -20,6 +20,7 @@ from peagle_vllm.rollback import beyond_capacity
 from peagle_vllm.timing import SectionTimer
 from peagle_vllm.truncation import CPU_CANDIDATES
 from peagle_vllm.vllm_adapter.log import logger
+from peagle_vllm.vllm_adapter.v1.carriers import mark_of
 from peagle_vllm.vllm_adapter.v1.draft_model import PEagleDraftModel
 
 
@@ -41,6 +42,10 @@ class PEagleProposer(EagleProposer):
         self.draft_timer = SectionTimer(device)  # time of each draft (inputs, head forward, sampling)
         # top-k/top-p of sampled drafts from the candidates where reading the device is free
         self._top_p_candidates = CPU_CANDIDATES if torch.device(device).type == "cpu" else None
+        # the head drafts at most this deep, lookups past it (`head_depth`), where the scheduler sees the drafts
+        # to cut their padding: under synchronous scheduling only, like the lookups
+        head_depth = mark_of(vllm_config.speculative_config).options.head_depth
+        self._head_depth = None if vllm_config.scheduler_config.async_scheduling else head_depth
 
     def load_model(self, target_model: torch.nn.Module) -> None:
         """Loads our head (vLLM's loader), then caches fc(mask_hidden) for the mask slots.
@@ -92,11 +97,13 @@ class PEagleProposer(EagleProposer):
 
     def _draft_depth(self) -> int:
         """Drafts per request this step: under adaptive depth the most any scheduled request may
-        get (sent by the scheduler), else K. Depth 1 has no mask slots: plain EAGLE input. Depth 0:
-        every request is in fallback, no draft runs (the head's KV then misses this step's tokens: the
-        scheduler has them computed again when the request drafts next, see head_catch_up)."""
+        get (sent by the scheduler), else K; at most `head_depth`, past which lookups draft. Depth 1 has no
+        mask slots: plain EAGLE input. Depth 0: every request is in fallback, no draft runs (the head's KV then
+        misses this step's tokens: the scheduler has them computed again when the request drafts next, see
+        head_catch_up)."""
         depth = self._adaptive_depth()
-        return self.num_speculative_tokens if depth is None else min(depth, self.num_speculative_tokens)
+        k = self.num_speculative_tokens if depth is None else min(depth, self.num_speculative_tokens)
+        return k if self._head_depth is None else min(k, self._head_depth)
 
     def _adaptive_depth(self) -> int | None:
         """The scheduler's draft depth for this step; None when K is fixed (not adaptive)."""

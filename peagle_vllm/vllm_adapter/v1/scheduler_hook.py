@@ -2,8 +2,9 @@
 `scheduler_state.SchedulerState`).
 
 - `__init__`: a p_eagle scheduler gets its state, with a DepthController unless the config fixes K.
-- `update_draft_token_ids`: with prompt or corpus lookup on, greedy requests' first drafts come from their own
-  text or from the corpus (`prompt_lookup`); then each request's drafts are cut to the K the controller chooses (never
+- `update_draft_token_ids`: with prompt or corpus lookup on, greedy requests' drafts come from their own text or
+  from the corpus where those say what comes next, and from the head elsewhere (`prompt_lookup`; past `head_depth`,
+  from lookups only); then each request's drafts are cut to the K the controller chooses (never
   more than the lookahead reserved for it), so the next step verifies only those (K=0: plain
   decoding for that request); then blocks the request no longer needs go back to the pool
   (`rollback_hook.release_surplus`). Seeded requests keep K_max so that the same seed gives the
@@ -130,10 +131,12 @@ def wrap_update_draft_token_ids(original):
             return original(self, draft_token_ids)
         ctrl = state.ctrl
         req_ids = list(draft_token_ids.req_ids)
-        looked_up = None
+        by_lookup = None
+        if state.head_depth is not None:
+            draft_token_ids.draft_token_ids = [list(d)[:state.head_depth] for d in draft_token_ids.draft_token_ids]
         if state.lookup is not None and req_ids:
-            draft_token_ids.draft_token_ids, looked_up = with_lookup(self, state.lookup, state.history, req_ids,
-                                                                     draft_token_ids.draft_token_ids)
+            draft_token_ids.draft_token_ids, by_lookup = with_lookup(self, state.lookup, state.history, req_ids,
+                                                                     draft_token_ids.draft_token_ids, state.max_k)
         if ctrl is not None and req_ids:
             ks = ctrl.choose(req_ids, [state.reserved.get(rid, ctrl.opt.max_k) for rid in req_ids],
                              sampled=state.is_sampled(self, req_ids))
@@ -141,8 +144,9 @@ def wrap_update_draft_token_ids(original):
                                                for rid, d, k in zip(req_ids, draft_token_ids.draft_token_ids, ks)]
         if req_ids:
             state.figures.add_choices([len(d) for d in draft_token_ids.draft_token_ids])
-        if looked_up:
-            state.figures.lookup_drafts += sum(map(min, looked_up, map(len, draft_token_ids.draft_token_ids)))
+        if by_lookup:
+            state.figures.lookup_drafts += sum(sum(given[:len(d)]) for given, d in
+                                               zip(by_lookup, draft_token_ids.draft_token_ids))
         out = original(self, draft_token_ids)
         if ctrl is not None:
             state.release_surplus(self, req_ids)
