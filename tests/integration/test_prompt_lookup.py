@@ -9,8 +9,21 @@ import json
 from peagle_vllm.harness.corpus import held_out_prompts
 from peagle_vllm.harness.runs import close_llm, generate, make_llm, request_spec_figures
 
+
 def p_eagle(model, **extra) -> dict:
     return {"method": "p_eagle", "model": str(model), "num_speculative_tokens": 8, **extra}
+
+
+def corpus_of_first_answers(target, prompts: list[str], greedy, out) -> list:
+    """The target's greedy outputs for `prompts`; the first 4 written to `out` as `peagle-vllm distill` writes
+    answers (a lookup corpus)."""
+    plain = make_llm(str(target), None)
+    answers = plain.generate(prompts, greedy, use_tqdm=False)
+    close_llm(plain)
+    (out / "chunk-0000.jsonl").write_text("".join(
+        json.dumps({"prompt_ids": list(o.prompt_token_ids), "response_ids": list(o.outputs[0].token_ids)}) + "\n"
+        for o in answers[:4]))
+    return answers
 
 
 def test_greedy_identical_and_accepted_more_with_lookup(demo) -> None:
@@ -57,12 +70,7 @@ def test_corpus_lookup_drafts_the_answers_it_holds(demo, tmp_path) -> None:
     from vllm import SamplingParams
 
     prompts, params = held_out_prompts(8), SamplingParams(temperature=0, max_tokens=64)
-    plain = make_llm(str(demo["target"]), None)
-    answers = plain.generate(prompts, params, use_tqdm=False)
-    close_llm(plain)
-    (tmp_path / "chunk-0000.jsonl").write_text("".join(
-        json.dumps({"prompt_ids": list(o.prompt_token_ids), "response_ids": list(o.outputs[0].token_ids)}) + "\n"
-        for o in answers[:4]))
+    answers = corpus_of_first_answers(demo["target"], prompts, params, tmp_path)
     llm = make_llm(str(demo["target"]), p_eagle(demo["draft"], adaptive=False, lookup_corpus=str(tmp_path)),
                    per_request_spec_decode_metrics="summary")
     outs = llm.generate(prompts, params, use_tqdm=False)
@@ -72,7 +80,6 @@ def test_corpus_lookup_drafts_the_answers_it_holds(demo, tmp_path) -> None:
     held, new = request_spec_figures(outs[:4]), request_spec_figures(outs[4:])
     print(f"acceptance length: answers in the corpus {held.acceptance_length:.2f}, others {new.acceptance_length:.2f}")
     assert held.acceptance_length > new.acceptance_length + 3 and looked_up > 0
-
 
 
 def test_past_the_heads_depth_only_lookups_draft(demo, tmp_path) -> None:
@@ -85,12 +92,7 @@ def test_past_the_heads_depth_only_lookups_draft(demo, tmp_path) -> None:
     prompts = held_out_prompts(8)
     greedy, sampled = SamplingParams(temperature=0, max_tokens=64), SamplingParams(temperature=1.0, seed=7,
                                                                                    max_tokens=64)
-    plain = make_llm(str(demo["target"]), None)
-    answers = plain.generate(prompts, greedy, use_tqdm=False)
-    close_llm(plain)
-    (tmp_path / "chunk-0000.jsonl").write_text("".join(
-        json.dumps({"prompt_ids": list(o.prompt_token_ids), "response_ids": list(o.outputs[0].token_ids)}) + "\n"
-        for o in answers[:4]))
+    answers = corpus_of_first_answers(demo["target"], prompts, greedy, tmp_path)
     llm = make_llm(str(demo["target"]), p_eagle(demo["draft"], adaptive=False, prompt_lookup_max=5, head_depth=2,
                                                 lookup_corpus=str(tmp_path)), per_request_spec_decode_metrics="summary")
     outs = llm.generate(prompts + prompts[4:], [greedy] * 8 + [sampled] * 4, use_tqdm=False)
