@@ -92,7 +92,7 @@ def refuse_conflicting_fields(spec: SpeculativeConfig, options: PEagleOptions) -
         name = "prompt_lookup_max" if options.prompt_lookup is not None else "lookup_corpus"
         raise PEagleConfigError(f"{_field(name, own=True)}: prompt and corpus lookup beside the head need the drafts "
                                 "to pass p_eagle's scheduler hook, which vLLM 0.34's V2 runner does not have: drop "
-                                "prompt_lookup_max/min and lookup_corpus (or use vLLM 0.32/0.33)")
+                                "prompt_lookup_max/min, lookup_corpus and head_depth (or use vLLM 0.32/0.33)")
     method = spec.rejection_sample_method
     if method not in ("standard", REJECTION_METHOD[options.verify]):
         raise PEagleConfigError(f"{_field('rejection_sample_method')} is {method!r}: p_eagle verifies losslessly "
