@@ -77,10 +77,11 @@ def cmd_demo(args: argparse.Namespace) -> None:
     """No speculation vs p_eagle: tokens/s, speedup, latency, acceptance, lossless check, per concurrency."""
     target, draft = _models_for_a_run(args)
     from peagle_vllm.config import PEagleConfigError
-    from peagle_vllm.harness.demo import demo_spec, render, run_demo
+    from peagle_vllm.harness.demo import demo_lookups, demo_spec, render, run_demo
 
     try:
-        spec = demo_spec(draft, args.k, not args.fixed_k, args.prompt_lookup, args.lookup_corpus, args.head_depth)
+        lookups = demo_lookups(target, args.prompt_lookup, args.lookup_corpus, args.head_only)
+        spec = demo_spec(draft, args.k, not args.fixed_k, *lookups, args.head_depth)
     except PEagleConfigError as exc:
         _fail(str(exc))
     prompts = _prompts(target, args.prompts, args.prompts_file, args.seed)
@@ -246,12 +247,14 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the target with and without p_eagle: speed, latency, acceptance, identical outputs")
     d.add_argument("--k", type=int, default=8, help="tokens drafted per step (1-32)")
     d.add_argument("--fixed-k", action="store_true", help="draft K tokens every step (adaptive depth off)")
+    d.add_argument("--head-only", action="store_true", help="the head drafts alone (default on SmolLM2: prompt lookup "
+                   "of n-grams up to 5 and corpus lookup in datasets/smollm2 beside it)")
     d.add_argument("--prompt-lookup", type=int, metavar="N", help="prompt lookup beside the head: greedy requests' "
-                   "drafts from their own text where it repeats, n-grams up to N (the config's prompt_lookup_max; "
-                   "default off)")
-    d.add_argument("--lookup-corpus", metavar="PATH", help="corpus lookup beside the head: greedy requests' "
-                   "drafts from answers the target wrote (`peagle-vllm distill` output, e.g. datasets/smollm2) where "
-                   "prompt lookup finds none (the config's lookup_corpus; default off)")
+                   "drafts from their own text where it repeats, n-grams up to N (the config's prompt_lookup_max); "
+                   "naming a lookup runs only those named")
+    d.add_argument("--lookup-corpus", metavar="PATH", help="corpus lookup beside the head: greedy requests' drafts "
+                   "from answers the target wrote (`peagle-vllm distill` output, e.g. datasets/smollm2) where prompt "
+                   "lookup finds none (the config's lookup_corpus)")
     d.add_argument("--head-depth", type=int, metavar="N", help="with a lookup on: the head drafts at most N tokens a "
                    "step, lookups the rest up to K (the config's head_depth; default: all K)")
     d.add_argument("--json", action="store_true", help="print one JSON object (top level: the first concurrency)")

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from peagle_vllm.harness.prompts import eval_prompts
-from peagle_vllm.harness.real_target import REPO
+from peagle_vllm.harness.real_target import CORPORA
 from peagle_vllm.harness.runs import close_llm, make_llm, request_spec_figures, set_cpu_defaults
 
 T = TypeVar("T")  # a prompt, or a replay's recorded prompt
@@ -45,8 +45,6 @@ T = TypeVar("T")  # a prompt, or a replay's recorded prompt
 HEADS = {"SmolLM2-135M-Instruct": {"eagle3": "smollm2-eagle3", "standard": "smollm2-peagle-standard",
                                    "depth": "smollm2-peagle-depth"},
          "demo-target": {"eagle3": "demo-eagle3", "standard": "demo-peagle-standard", "depth": "demo-peagle-depth"}}
-# answers each shipped target wrote, for corpus lookup (`peagle_vllm/corpus_lookup.py`): the heads' training data
-CORPORA = {"SmolLM2-135M-Instruct": REPO / "datasets" / "smollm2"}
 
 
 @dataclass(frozen=True)

