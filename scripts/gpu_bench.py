@@ -1,7 +1,8 @@
 """Standalone draft-cost benchmark at real sizes: needs torch (and a GPU for real figures), no vLLM, no
 model files (random weights). One decode step of the P-EAGLE head (K query slots over a cached context,
 ONE forward) vs sequential EAGLE-3 drafting (K forwards of one slot), and the verifier at B x K,
-each beside its roofline floor (bytes moved / bandwidth, FLOPs / peak).
+each beside its roofline floor (bytes moved / bandwidth, FLOPs / peak); then the batch prompt lookup of vLLM 0.34's
+adapter (`peagle_vllm/batch_lookup.py`) over token histories of max_model_len tokens.
 
     python scripts/gpu_bench.py                 # H100/H200-sized defaults, CUDA graphs
     python scripts/gpu_bench.py --device cpu --hidden 256 --vocab 4096 --draft-vocab 2048 --batches 1 4 --context 256
@@ -27,6 +28,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from peagle_vllm.batch_lookup import prompt_lookup  # noqa: E402
 from peagle_vllm.head import HeadConfig, PEagleHead, rotary  # noqa: E402
 from peagle_vllm.verify import target_probs, verify  # noqa: E402
 
@@ -146,6 +148,8 @@ def main() -> None:
     p.add_argument("--batches", type=int, nargs="*", default=[1, 4, 16, 64])
     p.add_argument("--ks", type=int, nargs="*", default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--lookup-lengths", type=int, nargs="*", default=[8192, 32768, 131072],
+                   help="max_model_len values for the batch prompt lookup's timing (vLLM 0.34's token history width)")
     args = p.parse_args()
     dev = args.device
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
@@ -185,6 +189,14 @@ def main() -> None:
                                      torch.zeros(b, dtype=torch.bool, device=dev)), dev, False)
             bw = PEAK[dev][0]
             print(f"| {b} x {k} | {g * 1e3:.3f} | {s * 1e3:.3f} | {2 * b * k * args.vocab * 4 / bw * 1e3:.3f} |")
+        print("\n| batch | max_model_len | prompt lookup ms (K=8, n-grams 2-5, every row full) |")
+        print("|---|---|---|")
+        for b in args.batches:
+            for width in args.lookup_lengths:
+                history = torch.randint(0, 1000, (b, width), dtype=torch.int32, device=dev)
+                rows, lengths = torch.arange(b, device=dev), torch.full((b,), width, device=dev)
+                t = timed(lambda: prompt_lookup(history, rows, lengths, 8, 2, 5), dev, False)
+                print(f"| {b} | {width} | {t * 1e3:.3f} |")
 
 
 def engine_main(argv: list[str]) -> None:

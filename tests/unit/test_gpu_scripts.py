@@ -19,11 +19,13 @@ def _run(script: str, *args: str) -> str:
     return done.stdout
 
 
-def test_gpu_bench_prints_both_tables() -> None:
+def test_gpu_bench_prints_its_three_tables() -> None:
     out = _run("gpu_bench.py", *SMALL, "--vocab", "4096", "--heads", "2", "--kv-heads", "1", "--batches", "1", "2",
-               "--ks", "1", "4")
+               "--ks", "1", "4", "--lookup-lengths", "256", "1024")
     rows = [line for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
-    assert len(rows) == 2 * 2 + 2, out  # batch x K drafting rows, then one verify row per batch
+    # batch x K drafting rows, one verify row per batch, then batch x history length prompt lookup rows
+    assert len(rows) == 2 * 2 + 2 + 2 * 2, out
+    assert rows[-1].startswith("| 2 | 1024 | ")
 
 
 def test_gpu_core_check_reports_every_check(tmp_path: Path) -> None:

@@ -43,6 +43,15 @@ def test_all_own_options_are_accepted(make_spec) -> None:
     assert (options.adaptive, options.min_k, options.acceptance_warn_below) == (False, 1, 0.5)
 
 
+def test_prompt_lookup_is_accepted_and_keeps_the_token_history_on_the_device(make_spec) -> None:
+    from peagle_vllm.vllm_adapter.v2.config import options_of
+
+    spec = make_spec(speculator_options={"prompt_lookup_max": 4, "prompt_lookup_min": 3})
+    assert (options_of(spec).prompt_lookup.min_n, options_of(spec).prompt_lookup.max_n) == (3, 4)
+    assert spec.speculator_config.prefer_dense_token_history
+    assert not make_spec().speculator_config.prefer_dense_token_history  # (the head alone reads no history)
+
+
 @pytest.mark.parametrize("fields, names", [
     ({"speculator_options": {"verify": "blok"}}, "speculative_config['speculator_options']['verify']"),
     ({"speculator_options": {"adaptive": "yes"}}, "speculative_config['speculator_options']['adaptive']"),
@@ -52,10 +61,10 @@ def test_all_own_options_are_accepted(make_spec) -> None:
     ({"speculator_options": {"verfy": "block"}}, "speculative_config['speculator_options']['verfy']"),
     ({"speculator_options": {"verifier_accept_k": 3, "accept_tolerance": 1.0}},  # lossy: vLLM's sampler verifies
      "speculative_config['speculator_options']['accept_tolerance']"),
-    ({"speculator_options": {"prompt_lookup_max": 5}},  # the drafts bypass p_eagle's V1 scheduler hook
-     "speculative_config['speculator_options']['prompt_lookup_max']"),
-    ({"speculator_options": {"lookup_corpus": "."}},  # ... as corpus lookup's do
+    ({"speculator_options": {"lookup_corpus": "."}},  # the drafts bypass p_eagle's V1 scheduler hook
      "speculative_config['speculator_options']['lookup_corpus']"),
+    ({"speculator_options": {"prompt_lookup_max": 5, "head_depth": 2}},  # ... which head_depth's cut needs too
+     "speculative_config['speculator_options']['head_depth']"),
     ({"speculator_options": {"verifier_accept_k": 0}}, "speculative_config['speculator_options']['verifier_accept_k']"),
     ({"parallel_drafting": True}, "speculative_config['parallel_drafting']"),
     ({"rejection_sample_method": "fly"}, "speculative_config['rejection_sample_method']"),

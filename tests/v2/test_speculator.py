@@ -15,12 +15,12 @@ import torch
 pytest.importorskip("vllm", minversion="0.34", reason="the V2 adapter needs vLLM 0.34 or later")
 
 
-def _speculator(make_spec, build_draft_model, vllm_env, head: str):
+def _speculator(make_spec, build_draft_model, vllm_env, head: str, **fields):
     from vllm.config import set_current_vllm_config
 
     from peagle_vllm.vllm_adapter.v2.speculator import PEagleSpeculator
 
-    spec = make_spec(head, num_speculative_tokens=6)
+    spec = make_spec(head, num_speculative_tokens=6, **fields)
     model = build_draft_model(spec)  # sets vllm_env.speculative_config = spec
     with set_current_vllm_config(vllm_env):
         s = PEagleSpeculator(vllm_env, torch.device("cpu"))
@@ -135,3 +135,28 @@ def test_prepare_propose_takes_top_k_and_top_p_only_when_a_request_of_the_batch_
     assert top_k is None and top_p is states.top_p.gpu
     top_k, top_p = cut_for(3)
     assert top_k is states.top_k.gpu and top_p is states.top_p.gpu
+
+
+def test_prompt_lookup_drafts_a_greedy_requests_first_depths_from_its_own_text(make_spec, build_draft_model,
+                                                                               vllm_env) -> None:
+    """Three requests with the same text: the greedy one takes the continuation of its suffix 5 6 (7 8 5 6), the
+    head's drafts after it; the sampled one and the one still prefilling keep the head's drafts."""
+    from types import SimpleNamespace
+
+    from peagle_vllm.vllm_adapter.v2.step import StepInputs
+
+    s = _speculator(make_spec, build_draft_model, vllm_env, "depth", speculator_options={"prompt_lookup_max": 3})
+    assert (s.lookup.min_n, s.lookup.max_n) == (2, 3)
+    tokens = torch.zeros(s.max_num_reqs, 16, dtype=torch.int32)
+    tokens[:3, :6] = torch.tensor([5, 6, 7, 8, 5, 6], dtype=torch.int32)
+    s.prepare_propose(SimpleNamespace(idx_mapping=torch.tensor([2, 0, 1])), torch.tensor([1, 1, 0]),
+                      torch.zeros(3, dtype=torch.long), SimpleNamespace(
+        req_states=SimpleNamespace(all_token_ids=SimpleNamespace(gpu=tokens),
+                                   total_len=SimpleNamespace(gpu=torch.full((s.max_num_reqs,), 6)))))
+    none = torch.zeros(0)
+    inputs = StepInputs(none, none, none, none, num_sampled=torch.tensor([1, 1, 0]), num_rejected=none,
+                        idx_mapping=torch.tensor([2, 0, 1]), last_sampled=none, next_prefill_tokens=none,
+                        temperature=torch.tensor([1.0, 0.0, 0.0] + [0.0] * (s.max_num_reqs - 3)))
+    drafts = s._with_prompt_lookup(torch.full((3, 6), 99), inputs)
+    # batch rows at slots 2, 0, 1: greedy (T=0 at slot 2), sampled (T=1 at slot 0), prefilling (nothing sampled)
+    assert drafts.tolist() == [[7, 8, 5, 6, 99, 99], [99] * 6, [99] * 6]

@@ -17,9 +17,12 @@ Rules:
   auxiliary hidden states, and the prefix-cache trailing-block drop, since a context row's draft KV depends on
   the next token); `parallel_drafting = True` tells code outside the speculator that all K drafts come from one
   forward.
+- prompt lookup (prompt_lookup_max/min) runs on the device, in the speculator (`batch_lookup`), and asks vLLM for
+  the requests' token history in device memory rather than host memory mapped for the device
+  (`prefer_dense_token_history`), as vLLM's own n-gram drafting does.
 - refused: lossy acceptance (verifier_accept_k > 1 with accept_tolerance > 0: vLLM's own rejection sampler
-  verifies here), prompt lookup (it needs the V1 scheduler hook), data parallelism, and draft decode context
-  parallelism.
+  verifies here), corpus lookup and head_depth (they need the V1 scheduler hook), data parallelism, and draft
+  decode context parallelism.
 """
 
 from __future__ import annotations
@@ -88,11 +91,11 @@ def refuse_conflicting_fields(spec: SpeculativeConfig, options: PEagleOptions) -
         raise PEagleConfigError(f"{_field('accept_tolerance', own=True)} > 0 with verifier_accept_k > 1 (lossy "
                                 "acceptance) needs p_eagle's own sampler, which vLLM 0.34's V2 runner does not run: "
                                 "drop both keys (or use vLLM 0.32/0.33)")
-    if options.looks_up:
-        name = "prompt_lookup_max" if options.prompt_lookup is not None else "lookup_corpus"
-        raise PEagleConfigError(f"{_field(name, own=True)}: prompt and corpus lookup beside the head need the drafts "
-                                "to pass p_eagle's scheduler hook, which vLLM 0.34's V2 runner does not have: drop "
-                                "prompt_lookup_max/min, lookup_corpus and head_depth (or use vLLM 0.32/0.33)")
+    for name in ("lookup_corpus", "head_depth"):
+        if getattr(options, name) is not None:
+            raise PEagleConfigError(f"{_field(name, own=True)}: corpus lookup and head_depth need the drafts to pass "
+                                    "p_eagle's scheduler hook, which vLLM 0.34's V2 runner does not have: drop "
+                                    "lookup_corpus and head_depth (prompt lookup runs here), or use vLLM 0.32/0.33")
     method = spec.rejection_sample_method
     if method not in ("standard", REJECTION_METHOD[options.verify]):
         raise PEagleConfigError(f"{_field('rejection_sample_method')} is {method!r}: p_eagle verifies losslessly "
@@ -187,6 +190,11 @@ class PEagleSpeculatorConfig(DraftModelSpeculatorConfig):
     def uses_aux_hidden_states(self) -> bool:
         """The head reads three auxiliary hidden states of the target."""
         return True
+
+    @property
+    def prefer_dense_token_history(self) -> bool:
+        """Prompt lookup scans the requests' tokens every step: vLLM keeps them in device memory then."""
+        return options_of(self.spec_config).prompt_lookup_max is not None
 
     @property
     def num_lookahead_tokens(self) -> int:

@@ -21,6 +21,9 @@ missing from V2's and the core's verifier does not run here (V2 also gives a spe
 runner's rejection sampler). Lossless as long as the cached logits are the ones the drafts were drawn from:
 `drafts` rounds them to the cache's dtype before sampling.
 
+With `prompt_lookup_max` set, a greedy request's drafts come from its own text where it repeats, the head's past
+them (`batch_lookup`, on the device, from the runner's token history).
+
 Reused from V2: `DraftModelSpeculator` (buffers, draft KV groups, `DraftLogitsCache`, attention-metadata
 building over the draft's block tables), `get_model` with our registered architecture, vLLM's embedding
 sharing. Ours: the row layout, context K/V, the mask states, sampling. Not done on V2:
@@ -47,6 +50,7 @@ from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
 from vllm.v1.worker.gpu.input_batch import InputBatch
 from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
 
+from peagle_vllm import batch_lookup
 from peagle_vllm.vllm_adapter.log import LOGGER_NAME
 from peagle_vllm.vllm_adapter.v2 import drafts, layout
 from peagle_vllm.vllm_adapter.v2.config import options_of
@@ -74,6 +78,8 @@ class PEagleSpeculator(DraftModelSpeculator):
         self._layer_name: str | None = None
         self._group_id = -1
         self._cut: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)  # top_k, top_p [max_reqs]
+        self.lookup = self.options.prompt_lookup  # greedy requests' drafts from their own text too; None: off
+        self._history = None  # the runner's RequestState: each request slot's tokens (prompt lookup reads them)
 
     # --- loading -----------------------------------------------------------------------------------------
 
@@ -139,6 +145,7 @@ class PEagleSpeculator(DraftModelSpeculator):
         sampling states (device tensors by request slot), each None when no request of the batch uses it (read
         from the states' host copies, as vLLM's sampler does: no device sync)."""
         super().prepare_propose(input_batch, num_sampled, num_rejected, sampler)
+        self._history = getattr(sampler, "req_states", None)
         states = getattr(sampler, "sampling_states", None)
         if states is None:
             self._cut = (None, None)
@@ -205,9 +212,23 @@ class PEagleSpeculator(DraftModelSpeculator):
         self.num_bad_rows += step.num_bad_rows
         if cache is not None and writes:
             drafts.cache_draft_logits(cache.values, inputs.idx_mapping, step.rounded_logits, self._draft_to_target)
-        self.draft_tokens[:b, :k] = step.tokens
+        tokens = step.tokens
+        if self.lookup is not None and self._history is not None and writes:
+            tokens = self._with_prompt_lookup(tokens, inputs)
+        self.draft_tokens[:b, :k] = tokens
         self.draft_tokens[:b, k:] = -1
         return self.draft_tokens[:b]
+
+    def _with_prompt_lookup(self, head_drafts: torch.Tensor,  # [num_reqs, k] target ids
+                            inputs: StepInputs) -> torch.Tensor:
+        """[num_reqs, k] drafts: a greedy request's prompt-lookup continuation at its first depths, the head's
+        drafts past them (`batch_lookup`); sampled requests and requests still in prefill keep the head's. The
+        runner wrote this step's sampled tokens into the token history before `propose`."""
+        history, rows = self._history, inputs.idx_mapping
+        continuations, found = batch_lookup.prompt_lookup(history.all_token_ids.gpu, rows, history.total_len.gpu,
+                                                          head_drafts.shape[1], self.lookup.min_n, self.lookup.max_n)
+        greedy = (inputs.temperature[rows] <= 0) & (inputs.num_sampled > 0)
+        return batch_lookup.lookup_first(head_drafts, continuations, found, greedy)
 
     def _store_context(self, context: layout.ContextRows, positions: torch.Tensor, hidden: torch.Tensor,
                        slot_mappings: dict[str, torch.Tensor], include_last: bool) -> None:
