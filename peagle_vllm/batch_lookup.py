@@ -47,9 +47,10 @@ def prompt_lookup(token_ids: torch.Tensor,  # [R, L] every request slot's tokens
 def lookup_first(head_drafts: torch.Tensor,  # [B, k] the head's drafts, int64
                  continuations: torch.Tensor,  # [B, k] from `prompt_lookup`
                  found: torch.Tensor,  # [B]
-                 use: torch.Tensor) -> torch.Tensor:  # [B] bool: requests that take lookups (greedy ones)
-    """[B, k] drafts: a used request's continuation at its first `found` depths, the head's drafts at the rest
-    (the head's depth-d draft does not depend on the drafts before it); the other requests' drafts unchanged."""
+                 use: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [B] bool: requests that take lookups
+    """(drafts [B, k], taken [B, k] bool: which the lookup gave): a used request's continuation at its first
+    `found` depths, the head's drafts at the rest (the head's depth-d draft does not depend on the drafts before
+    it); the other requests' drafts unchanged."""
     depth = torch.arange(head_drafts.shape[1], device=head_drafts.device).unsqueeze(0)
-    take = (depth < found.unsqueeze(1)) & use.unsqueeze(1)
-    return torch.where(take, continuations, head_drafts)
+    taken = (depth < found.unsqueeze(1)) & use.unsqueeze(1)
+    return torch.where(taken, continuations, head_drafts), taken

@@ -42,5 +42,6 @@ def test_lookups_fill_the_first_depths_of_the_requests_that_take_them() -> None:
     head = torch.tensor([[10, 11, 12, 13], [20, 21, 22, 23], [30, 31, 32, 33]])
     continuations = torch.tensor([[1, 2, 0, 0], [4, 0, 0, 0], [5, 6, 7, 8]])
     found = torch.tensor([2, 0, 4])
-    drafts = lookup_first(head, continuations, found, use=torch.tensor([True, True, False]))
+    drafts, taken = lookup_first(head, continuations, found, use=torch.tensor([True, True, False]))
     assert drafts.tolist() == [[1, 2, 12, 13], [20, 21, 22, 23], [30, 31, 32, 33]]
+    assert taken.tolist() == [[True, True, False, False], [False] * 4, [False] * 4]

@@ -33,6 +33,7 @@ def test_counts_and_low_acceptance_warning() -> None:
         # step 1: r0 accepted 1 of 4, r1 prefilling; step 2: r0 accepted 4 of 4, r1 accepted 0 of 4
         counts.observe(torch.tensor([2, 0]), torch.tensor([3, 0]))
         assert counts.last_window_rate is None and not handler.lines  # nothing read before the window fills
+        counts.count_lookup(torch.tensor([[True, True, False, False], [False] * 4]))  # r0's first two drafts
         counts.observe(torch.tensor([5, 1]), torch.tensor([0, 4]))
     finally:
         logger.removeHandler(handler)
@@ -41,4 +42,5 @@ def test_counts_and_low_acceptance_warning() -> None:
     assert counts.accepted_per_position.tolist() == [2, 1, 1, 1]
     assert counts.drafted_per_position.tolist() == [3, 3, 3, 3]
     assert any("below 75%" in line for line in handler.lines)
-    assert any(line.startswith("p_eagle metrics: block acceptance 41.7%") for line in handler.lines)
+    line = next(line for line in handler.lines if line.startswith("p_eagle metrics: block acceptance 41.7%"))
+    assert line.endswith("; drafts from prompt lookup so far: 2")

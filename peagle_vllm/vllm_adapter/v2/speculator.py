@@ -228,7 +228,9 @@ class PEagleSpeculator(DraftModelSpeculator):
         continuations, found = batch_lookup.prompt_lookup(history.all_token_ids.gpu, rows, history.total_len.gpu,
                                                           head_drafts.shape[1], self.lookup.min_n, self.lookup.max_n)
         greedy = (inputs.temperature[rows] <= 0) & (inputs.num_sampled > 0)
-        return batch_lookup.lookup_first(head_drafts, continuations, found, greedy)
+        drafts, taken = batch_lookup.lookup_first(head_drafts, continuations, found, greedy)
+        self.metrics.count_lookup(taken)
+        return drafts
 
     def _store_context(self, context: layout.ContextRows, positions: torch.Tensor, hidden: torch.Tensor,
                        slot_mappings: dict[str, torch.Tensor], include_last: bool) -> None:
