@@ -122,7 +122,8 @@ def demo_spec(draft: Path, k: int, adaptive: bool, prompt_lookup_max: int | None
     try:
         split_p_eagle_config(spec)
     except PEagleConfigError as exc:  # the config's fields are the demo's flags
-        raise PEagleConfigError(f"{exc} (set by --k, --prompt-lookup, --lookup-corpus, --head-depth, --head-only)") from exc
+        flags = "--k, --prompt-lookup, --lookup-corpus, --head-depth, --head-only"
+        raise PEagleConfigError(f"{exc} (set by {flags})") from exc
     return spec
 
 
