@@ -1,6 +1,7 @@
 """SmolLM2-135M-Instruct, the real demo target: the conversion (vLLM's greedy output equals transformers'),
 greedy output with its shipped depth head identical to plain decoding offline (also for a ~5,000-token
-prompt), one served streaming chat request, and the one-line errors for a missing or corrupt conversion."""
+prompt, and with both lookups beside it, as the demo runs), one served streaming chat request, and the one-line
+errors for a missing or corrupt conversion."""
 
 from __future__ import annotations
 
@@ -37,13 +38,37 @@ def test_vllm_greedy_equals_transformers_greedy_on_the_converted_model(smollm2: 
         assert ids == expected[:len(ids)] and len(ids) == len(expected), (prompt, ids, expected)
 
 
-def test_p_eagle_greedy_output_is_identical_to_plain_decoding(smollm2: Path) -> None:
+@pytest.fixture(scope="module")
+def plain_answers(smollm2: Path) -> tuple[list[str], list[list[int]]]:
+    """Four held-out prompts and their greedy answers (64 tokens) without speculation."""
     prompts = eval_prompts(smollm2, 4, seed=1)
-    plain = generate(str(smollm2), None, prompts, 64)
+    return prompts, generate(str(smollm2), None, prompts, 64).token_ids
+
+
+def test_p_eagle_greedy_output_is_identical_to_plain_decoding(smollm2: Path, plain_answers) -> None:
+    prompts, plain = plain_answers
     ours = generate(str(smollm2), {"method": "p_eagle", "model": str(DRAFT), "num_speculative_tokens": 8,
                                    "adaptive": False}, prompts, 64)
-    assert ours.token_ids == plain.token_ids
+    assert ours.token_ids == plain
     assert ours.spec.acceptance_length > 1.25  # the trained head drafts and is accepted (an untrained one: ~1.0)
+
+
+def test_the_config_with_both_lookups_keeps_greedy_output(smollm2: Path, plain_answers) -> None:
+    """The config the demo and README's serve command use: adaptive depth and both lookups over the shipped corpus
+    (datasets/smollm2). Greedy output identical to plain decoding, and drafts from the lookups are verified."""
+    from vllm import SamplingParams
+
+    prompts, plain = plain_answers
+    spec = json.loads((REPO / "configs" / "smollm2-135m-p_eagle-adaptive-lookup-corpus.json").read_text())
+    spec.update(model=str(REPO / spec["model"]), lookup_corpus=str(REPO / spec["lookup_corpus"]))
+    llm = make_llm(str(smollm2), spec)
+    try:
+        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=64), use_tqdm=False)
+        looked_up = sum(float(m.value) for m in llm.get_metrics() if m.name == "peagle:lookup_draft_tokens")
+    finally:
+        close_llm(llm)
+    assert [list(o.outputs[0].token_ids) for o in outs] == plain
+    assert looked_up > 0
 
 
 def _source_prompts(target: Path, tokens: int) -> list[str]:
