@@ -13,7 +13,7 @@ from pathlib import Path
 
 from peagle_vllm.config import PEagleConfigError, split_p_eagle_config
 from peagle_vllm.harness.real_target import CORPORA
-from peagle_vllm.harness.runs import close_llm, make_llm, request_spec_figures
+from peagle_vllm.harness.runs import close_llm, lookup_draft_tokens, make_llm, request_spec_figures, spec_figures
 
 WARMUP_TOKENS = 16
 PROMPT_LOOKUP_MAX = 5  # n-grams up to 5 tokens, as in the shipped lookup configs
@@ -75,24 +75,16 @@ def run_cell(target: str, spec: dict, prompts: list[str], concurrency: int, max_
         for llm in engines:
             _run(llm, prompts[:2], WARMUP_TOKENS)
         plain, _ = _run(engines[0], prompts, max_tokens)
-        before = _drafts_verified(engines[1])
+        before = spec_figures(engines[1]).draft_tokens, lookup_draft_tokens(engines[1])
         ours, outs = _run(engines[1], prompts, max_tokens)
-        verified, by_lookup = (after - first for after, first in zip(_drafts_verified(engines[1]), before))
+        verified = spec_figures(engines[1]).draft_tokens - before[0]
+        by_lookup = lookup_draft_tokens(engines[1]) - before[1]
     finally:
         for llm in engines:
             close_llm(llm)
     figures = request_spec_figures(outs)
     return Cell(concurrency, len(prompts), plain, ours, figures.acceptance_length, figures.per_position_rate,
                 figures.drafts, by_lookup / verified if looks_up and verified else None)
-
-
-def _drafts_verified(llm) -> tuple[float, float]:
-    """(drafts verified, those the lookups gave) so far, from the process's counters (summed over their series)."""
-    totals = dict.fromkeys(("vllm:spec_decode_num_draft_tokens", "peagle:lookup_draft_tokens"), 0.0)
-    for m in llm.get_metrics():
-        if m.name in totals:
-            totals[m.name] += float(m.value)
-    return tuple(totals.values())
 
 
 def demo_lookups(target: Path, prompt_lookup_max: int | None, lookup_corpus: str | None,

@@ -77,6 +77,12 @@ def spec_figures(llm) -> SpecFigures:
                        [int(v) for v in getattr(per_pos, "values", [])] if per_pos is not None else [])
 
 
+def lookup_draft_tokens(llm) -> int:
+    """The verified drafts that prompt or corpus lookup gave so far (`peagle:lookup_draft_tokens`), of an LLM
+    built with log stats on."""
+    return int(sum(float(m.value) for m in llm.get_metrics() if m.name == "peagle:lookup_draft_tokens"))
+
+
 def request_spec_figures(outs) -> SpecFigures:
     """Drafts verified, drafts and accepted per position, summed over the outputs' own spec-decode
     histograms (vLLM's per-request option; the process-wide counters would mix engines that run side

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from peagle_vllm.harness.corpus import held_out_prompts
-from peagle_vllm.harness.runs import close_llm, generate, make_llm, request_spec_figures
+from peagle_vllm.harness.runs import close_llm, generate, lookup_draft_tokens, make_llm, request_spec_figures
 
 
 def p_eagle(model, **extra) -> dict:
@@ -56,7 +56,7 @@ def test_sampled_requests_beside_greedy_ones_keep_the_heads_drafts(demo) -> None
         llm = make_llm(str(demo["target"]), spec)
         outputs[name] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
         if name == "lookup":  # (vLLM's registry holds the series of the engine built last)
-            looked_up = sum(float(m.value) for m in llm.get_metrics() if m.name == "peagle:lookup_draft_tokens")
+            looked_up = lookup_draft_tokens(llm)
         close_llm(llm)
     odd = slice(1, None, 2)
     assert outputs["lookup"][odd] == outputs["plain"][odd]  # greedy
@@ -74,7 +74,7 @@ def test_corpus_lookup_drafts_the_answers_it_holds(demo, tmp_path) -> None:
     llm = make_llm(str(demo["target"]), p_eagle(demo["draft"], adaptive=False, lookup_corpus=str(tmp_path)),
                    per_request_spec_decode_metrics="summary")
     outs = llm.generate(prompts, params, use_tqdm=False)
-    looked_up = sum(float(m.value) for m in llm.get_metrics() if m.name == "peagle:lookup_draft_tokens")
+    looked_up = lookup_draft_tokens(llm)
     close_llm(llm)
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in answers]
     held, new = request_spec_figures(outs[:4]), request_spec_figures(outs[4:])

@@ -15,7 +15,7 @@ import pytest
 
 from peagle_vllm.harness.prompts import eval_prompts
 from peagle_vllm.harness.real_target import RealTargetError, check_converted
-from peagle_vllm.harness.runs import close_llm, generate, make_llm, spec_figures
+from peagle_vllm.harness.runs import close_llm, generate, lookup_draft_tokens, make_llm, spec_figures
 from peagle_vllm.harness.server_process import ServerConfig, running_server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,7 +64,7 @@ def test_the_config_with_both_lookups_keeps_greedy_output(smollm2: Path, plain_a
     llm = make_llm(str(smollm2), spec)
     try:
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=64), use_tqdm=False)
-        looked_up = sum(float(m.value) for m in llm.get_metrics() if m.name == "peagle:lookup_draft_tokens")
+        looked_up = lookup_draft_tokens(llm)
     finally:
         close_llm(llm)
     assert [list(o.outputs[0].token_ids) for o in outs] == plain
