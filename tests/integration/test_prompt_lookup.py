@@ -1,6 +1,7 @@
 """Prompt and corpus lookup beside the head (`prompt_lookup_max`, `lookup_corpus`) in a real vLLM engine on the CPU
 backend: greedy output stays the target's, lookup drafts are accepted where the text repeats or the corpus holds
-it, and sampled requests keep the head's drafts."""
+it, past the head's depth too. (Sampled requests with lookup drafts keep the target's distribution:
+`test_sampling.py`.)"""
 
 from __future__ import annotations
 
@@ -40,30 +41,6 @@ def test_greedy_identical_and_accepted_more_with_lookup(demo) -> None:
     assert fixed.spec.acceptance_length > head_only.spec.acceptance_length + 0.5
 
 
-def test_sampled_requests_beside_greedy_ones_keep_the_heads_drafts(demo) -> None:
-    """One batch of greedy and seeded sampled requests on the demo target: the greedy ones equal plain greedy
-    decoding, with drafts from lookup among them; the sampled ones equal what the same engine without lookup
-    samples (their drafts, and so their draws, are the head's)."""
-    from vllm import SamplingParams
-
-    prompts = held_out_prompts(8)
-    greedy, sampled = SamplingParams(temperature=0, max_tokens=64), SamplingParams(temperature=1.0, seed=7,
-                                                                                   max_tokens=64)
-    params = [greedy if i % 2 else sampled for i in range(len(prompts))]
-    outputs, looked_up = {}, 0.0
-    for name, spec in (("plain", None), ("head", p_eagle(demo["draft"], adaptive=False)),
-                       ("lookup", p_eagle(demo["draft"], adaptive=False, prompt_lookup_max=5))):
-        llm = make_llm(str(demo["target"]), spec)
-        outputs[name] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
-        if name == "lookup":  # (vLLM's registry holds the series of the engine built last)
-            looked_up = lookup_draft_tokens(llm)
-        close_llm(llm)
-    odd = slice(1, None, 2)
-    assert outputs["lookup"][odd] == outputs["plain"][odd]  # greedy
-    assert looked_up > 0
-    assert outputs["lookup"][::2] == outputs["head"][::2]  # seeded, sampled
-
-
 def test_corpus_lookup_drafts_the_answers_it_holds(demo, tmp_path) -> None:
     """A corpus of the demo target's greedy answers to 4 of 8 prompts, as `peagle-vllm distill` writes them: with
     it, all 8 answers stay the target's, and the 4 it holds are drafted nearly whole (accepted far more often)."""
@@ -85,8 +62,8 @@ def test_corpus_lookup_drafts_the_answers_it_holds(demo, tmp_path) -> None:
 def test_past_the_heads_depth_only_lookups_draft(demo, tmp_path) -> None:
     """K=8 with `head_depth` 2, prompt lookup and a corpus of the greedy answers to 4 of 8 prompts, in one batch
     with sampled requests: the greedy answers stay the target's, and those the corpus holds are drafted past the
-    head's 2 depths (more than 3 tokens a step, the most the head alone could give); the sampled requests verify
-    the head's 2 drafts only (the columns past them are padding)."""
+    head's 2 depths (more than 3 tokens a step, the most the head alone could give); the sampled requests, on the
+    prompts the corpus holds, are drafted past them too where their text follows the corpus."""
     from vllm import SamplingParams
 
     prompts = held_out_prompts(8)
@@ -95,11 +72,11 @@ def test_past_the_heads_depth_only_lookups_draft(demo, tmp_path) -> None:
     answers = corpus_of_first_answers(demo["target"], prompts, greedy, tmp_path)
     llm = make_llm(str(demo["target"]), p_eagle(demo["draft"], adaptive=False, prompt_lookup_max=5, head_depth=2,
                                                 lookup_corpus=str(tmp_path)), per_request_spec_decode_metrics="summary")
-    outs = llm.generate(prompts + prompts[4:], [greedy] * 8 + [sampled] * 4, use_tqdm=False)
+    outs = llm.generate(prompts + prompts[:4], [greedy] * 8 + [sampled] * 4, use_tqdm=False)
     close_llm(llm)
     assert [o.outputs[0].token_ids for o in outs[:8]] == [o.outputs[0].token_ids for o in answers]
     held, drawn = request_spec_figures(outs[:4]), request_spec_figures(outs[8:])
     print(f"acceptance length: answers in the corpus {held.acceptance_length:.2f}, sampled requests "
           f"{drawn.acceptance_length:.2f} ({drawn.draft_tokens} drafts in {drawn.drafts} steps)")
     assert held.acceptance_length > 3
-    assert drawn.drafts and drawn.draft_tokens == 2 * drawn.drafts
+    assert drawn.drafts and drawn.draft_tokens > 2 * drawn.drafts

@@ -10,18 +10,19 @@ from scipy.stats import chi2_contingency
 from peagle_vllm.harness.runs import close_llm, make_llm, request_spec_figures
 
 PROMPT = "def main(argv):\n    "
+REPEATING = "import os\nimport sys\nimport os\nimport sys\nimport os\nimport sys\nimport"
 N = 1200
 
 
-def _generate(llm, seeded: bool = True, **params) -> list:
+def _generate(llm, seeded: bool = True, prompt: str = PROMPT, **params) -> list:
     from vllm import SamplingParams
 
     sps = [SamplingParams(max_tokens=4, seed=i if seeded else None, ignore_eos=True, **params) for i in range(N)]
-    return llm.generate([PROMPT] * N, sps, use_tqdm=False)
+    return llm.generate([prompt] * N, sps, use_tqdm=False)
 
 
-def _samples(llm, seeded: bool = True, **params) -> list[tuple[int, ...]]:
-    return [tuple(o.outputs[0].token_ids) for o in _generate(llm, seeded, **params)]
+def _samples(llm, seeded: bool = True, prompt: str = PROMPT, **params) -> list[tuple[int, ...]]:
+    return [tuple(o.outputs[0].token_ids) for o in _generate(llm, seeded, prompt, **params)]
 
 
 def _same_distribution(a: list[int], b: list[int], top: int = 12) -> float:
@@ -44,8 +45,11 @@ def engines(demo):
     ours = make_llm(str(demo["target"]), spec, per_request_spec_decode_metrics="summary")
     sharpened = make_llm(str(demo["target"]), {**spec, "draft_temperature": 0.5},  # drafts at T x 0.5
                          per_request_spec_decode_metrics="summary")
-    yield plain, ours, sharpened
-    for llm in (plain, ours, sharpened):
+    # built last: vLLM's registry holds the series (lookup drafts) of the engine built last
+    looked_up = make_llm(str(demo["target"]), {**spec, "prompt_lookup_max": 5},
+                         per_request_spec_decode_metrics="summary")
+    yield plain, ours, sharpened, looked_up
+    for llm in (plain, ours, sharpened, looked_up):
         close_llm(llm)
 
 
@@ -81,6 +85,26 @@ def test_unseeded_sampling_verified_over_the_candidates_follows_the_target_distr
     for pos in (1, 2, 3):
         p = _same_distribution([x[pos] for x in a], [x[pos] for x in b])
         assert p > 0.001, f"position {pos}: verification over the candidates changes the distribution (p={p:.1e})"
+
+
+@pytest.mark.parametrize("seeded", [True, False])
+def test_sampled_tokens_drafted_by_prompt_lookup_follow_the_target_distribution(engines, seeded: bool) -> None:
+    """A prompt that repeats itself: prompt lookup drafts its continuation for sampled requests too, and those
+    drafts, verified with a one-hot q (`scheduled_q`), leave the target's distribution as it was."""
+    from peagle_vllm.harness.runs import lookup_draft_tokens
+
+    plain, looked_up = engines[0], engines[3]
+    prompt, params = REPEATING, {"temperature": 0.8, "top_k": 20, "top_p": 0.9}
+    before = lookup_draft_tokens(looked_up)
+    a = _samples(plain, seeded, prompt, **params)
+    outs = _generate(looked_up, seeded, prompt, **params)
+    b, spec = [tuple(o.outputs[0].token_ids) for o in outs], request_spec_figures(outs)
+    drafted = lookup_draft_tokens(looked_up) - before
+    print(f"acceptance length {spec.acceptance_length:.2f}, lookup drafts {drafted} of {spec.draft_tokens}")
+    assert spec.accepted > 0 and drafted > spec.draft_tokens // 4, "lookup drafts were not verified"
+    for pos in (0, 1, 2, 3):
+        p = _same_distribution([x[pos] for x in a], [x[pos] for x in b])
+        assert p > 0.001, f"position {pos}: lookup drafts change the sampled distribution (p={p:.1e})"
 
 
 def test_seeded_sampling_is_reproducible(engines) -> None:

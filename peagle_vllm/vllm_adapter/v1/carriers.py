@@ -3,7 +3,8 @@
 - front end -> engine core and workers: the mark on the draft model's hf_config (`MARK_ATTR`, a plain dict
   so that it pickles and serialises with the config), read back as one typed `PEagleMark` per process;
 - scheduler -> worker, on each SchedulerOutput: the step's draft depth (the most drafts any scheduled
-  request may get; 0: no draft runs) and the block counts of requests whose surplus blocks were released;
+  request may get; 0: no draft runs), the block counts of requests whose surplus blocks were released, and the
+  positions of the drafts a lookup gave (their q is one-hot: `scheduled_q`);
 - worker -> scheduler, on each ModelRunnerOutput: (draft runs, seconds) timed since the last step;
 - engine core -> front end, inside SchedulerStats: the engine figures (`metrics.EngineFigures`), under
   `peagle:` keys in its one dict[str, int] field, taken out again before vLLM's loggers read it.
@@ -20,6 +21,7 @@ from peagle_vllm.head import HeadConfig
 MARK_ATTR = "peagle"
 DRAFT_DEPTH_ATTR = "peagle_draft_depth"
 BLOCK_COUNTS_ATTR = "peagle_block_counts"
+LOOKUP_POSITIONS_ATTR = "peagle_lookup_positions"
 DRAFT_TIME_ATTR = "peagle_draft_time"
 STATS_CARRIER_FIELD = "num_kv_fetch_reqs_by_stage"  # SchedulerStats' one dict[str, int] field
 
@@ -73,6 +75,15 @@ def block_counts(scheduler_output) -> dict[str, tuple[int, ...]]:
 
 def set_block_counts(scheduler_output, counts: dict[str, tuple[int, ...]]) -> None:
     setattr(scheduler_output, BLOCK_COUNTS_ATTR, counts)
+
+
+def lookup_positions(scheduler_output) -> dict[str, tuple[int, ...]]:
+    """{request id: positions of its scheduled drafts that a lookup gave} (requests with none are absent)."""
+    return getattr(scheduler_output, LOOKUP_POSITIONS_ATTR, None) or {}
+
+
+def set_lookup_positions(scheduler_output, positions: dict[str, tuple[int, ...]]) -> None:
+    setattr(scheduler_output, LOOKUP_POSITIONS_ATTR, positions)
 
 
 def draft_time(runner_output) -> tuple[int, float]:

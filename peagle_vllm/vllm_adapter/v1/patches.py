@@ -53,6 +53,8 @@ PATCHES: tuple[Patch, ...] = (
     Patch(RUNNER, "execute_model", runner_hook.wrap_execute_model, "a step in fallback runs vLLM's plain path"),
     Patch(RUNNER, "sample_tokens", runner_hook.wrap_sample_tokens,
           "draft time onto the step's output; plain sampling in fallback; CPU generators restored"),
+    Patch(RUNNER, "_get_spec_decode_draft_probs", runner_hook.wrap_get_spec_decode_draft_probs,
+          "the sampler's q laid out from the drafts verified, one-hot where a lookup drafted"),
     Patch(RUNNER, "_input_fits_in_drafter", runner_hook.wrap_input_fits_in_drafter,
           "depth 0 skips the drafter's input preparation", required=False),
     Patch(RUNNER, "_sample", generator_hook.wrap_sample, "seeded CPU generators saved before sampling",

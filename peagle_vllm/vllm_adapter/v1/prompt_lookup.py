@@ -1,6 +1,7 @@
 """Prompt and corpus lookup on the scheduler's side (`lookup.PromptLookup`, `corpus_lookup.CorpusLookup`, tried in
-turn: `lookup.FirstFound`): each greedy request's drafts from this step's head forward are chained with what the
-request's own tokens, or the corpus, say comes next (`lookup.chain`).
+turn: `lookup.FirstFound`): each request's drafts from this step's head forward are chained with what the
+request's own tokens, or the corpus, say comes next (`lookup.chain`). Greedy requests check any draft against the
+argmax; sampled ones verify a lookup's draft with a one-hot q (`scheduled_q`, in the worker), so both stay lossless.
 
 Applied in `update_draft_token_ids` (`scheduler_hook`), after `update_from_output` appended the step's accepted
 tokens to each request, and before adaptive depth cuts each request's drafts to its K. Synchronous scheduling
@@ -9,19 +10,18 @@ only: under async scheduling the drafts go from the worker to the next step with
 from __future__ import annotations
 
 from peagle_vllm.lookup import FirstFound, TokenHistory, chain
-from peagle_vllm.vllm_adapter.v1.scheduler_state import SAMPLING_EPS
 
 
 def with_lookup(scheduler, lookup: FirstFound, history: TokenHistory, req_ids: list[str],
                 drafts: list[list[int]], k: int) -> tuple[list[list[int]], list[list[bool]]]:
-    """(drafts, by lookup): each greedy request's head drafts [K_head] chained with its lookups up to k drafts
-    (`lookup.chain`), the others' as they were; and per request, which of its drafts the lookups gave.
-    `history` keeps each request's tokens as an array (forgotten when the request finishes: `scheduler_hook`)."""
+    """(drafts, by lookup): each request's head drafts [K_head] chained with its lookups up to k drafts
+    (`lookup.chain`; a request gone or without drafts keeps them as they were); and per request, which of its
+    drafts the lookups gave. `history` keeps each request's tokens as an array (forgotten when the request
+    finishes: `scheduler_hook`)."""
     out, by_lookup = [], []
     for rid, row in zip(req_ids, drafts):
         request = scheduler.requests.get(rid)
-        params = getattr(request, "sampling_params", None)
-        if params is None or params.temperature > SAMPLING_EPS or not len(row):
+        if request is None or not len(row):
             out.append(row)
             by_lookup.append([])
             continue

@@ -2,8 +2,9 @@
 through super()). `__init__`: for a p_eagle config, the drafter becomes PEagleProposer and the
 rejection sampler PEagleRejectionSampler (the drafter loads its weights later, in load_model).
 `_update_states`: block lists the scheduler cut after a rejection are cut here too before the step's
-new blocks are appended, the step's draft depth (adaptive depth) is kept for the proposer, and, as a
-test aid, stale KV is poisoned. `sample_tokens`: the step's output carries the draft time to the
+new blocks are appended, the step's draft depth (adaptive depth) and the positions of the drafts lookups gave are
+kept, and, as a test aid, stale KV is poisoned. `_get_spec_decode_draft_probs`: the sampler's q is laid out from
+the drafts verified, one-hot where a lookup drafted (`scheduled_q`). `sample_tokens`: the step's output carries the draft time to the
 scheduler (which sends it on to the front end's metrics), an async output once its result is read;
 CPU generators saved by `generator_hook` are put back after it.
 A plain step (adaptive depth: nothing to verify and no draft to follow, every request in fallback)
@@ -21,6 +22,7 @@ import functools
 import torch
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, ModelRunnerOutput
 
+from peagle_vllm.scheduled_q import scheduled_draft_probs
 from peagle_vllm.truncation import CPU_CANDIDATES
 from peagle_vllm.vllm_adapter.v1 import carriers, generator_hook, rollback_hook
 from peagle_vllm.vllm_adapter.v1.carriers import is_marked, mark_of
@@ -56,6 +58,7 @@ def wrap_update_states(original):
     def _update_states(self, scheduler_output):
         rollback_hook.apply_block_counts(self, scheduler_output)
         self.peagle_draft_depth = carriers.draft_depth(scheduler_output)
+        self.peagle_lookup_positions = carriers.lookup_positions(scheduler_output)
         out = original(self, scheduler_output)
         mode = rollback_hook.poison_mode()
         if mode is not None:
@@ -63,6 +66,28 @@ def wrap_update_states(original):
         return out
 
     return _update_states
+
+
+def wrap_get_spec_decode_draft_probs(original):
+    @functools.wraps(original)
+    def _get_spec_decode_draft_probs(self, spec_decode_metadata):
+        """vLLM's flat draft_probs [num_draft_tokens, V] for the rejection sampler, laid out from the drafts this
+        step verifies rather than from the head's: one-hot where a lookup drafted (`scheduled_q`)."""
+        head_q, req_ids = self._draft_probs, self._draft_prob_req_ids
+        if head_q is None or req_ids is None:
+            return original(self, spec_decode_metadata)
+        lookups = getattr(self, "peagle_lookup_positions", None) or {}
+        row_of = {rid: i for i, rid in enumerate(req_ids)}
+        verifying = [(rid, n) for rid, n in zip(self.input_batch.req_ids, spec_decode_metadata.num_draft_tokens)
+                     if n]
+        if (not lookups and all(n <= head_q.shape[1] for _, n in verifying)) or any(
+                rid not in row_of for rid, _ in verifying):  # (the latter: vLLM's own warning and fallback)
+            return original(self, spec_decode_metadata)
+        return scheduled_draft_probs(head_q, [row_of[rid] for rid, _ in verifying], [n for _, n in verifying],
+                                     [lookups.get(rid, ()) for rid, _ in verifying],
+                                     spec_decode_metadata.draft_token_ids)
+
+    return _get_spec_decode_draft_probs
 
 
 def wrap_input_fits_in_drafter(original):

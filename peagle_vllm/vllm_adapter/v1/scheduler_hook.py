@@ -2,9 +2,10 @@
 `scheduler_state.SchedulerState`).
 
 - `__init__`: a p_eagle scheduler gets its state, with a DepthController unless the config fixes K.
-- `update_draft_token_ids`: with prompt or corpus lookup on, greedy requests' drafts come from their own text or
+- `update_draft_token_ids`: with prompt or corpus lookup on, requests' drafts come from their own text or
   from the corpus where those say what comes next, and from the head elsewhere (`prompt_lookup`; past `head_depth`,
-  from lookups only); then each request's drafts are cut to the K the controller chooses (never
+  from lookups only; the positions the lookups gave ride to the worker with the step that verifies them, whose
+  sampler takes their q as one-hot: `scheduled_q`); then each request's drafts are cut to the K the controller chooses (never
   more than the lookahead reserved for it), so the next step verifies only those (K=0: plain
   decoding for that request); then blocks the request no longer needs go back to the pool
   (`rollback_hook.release_surplus`). Seeded requests keep K_max so that the same seed gives the
@@ -87,7 +88,10 @@ def wrap_schedule(original):
         state = state_of(self)
         ctrl = state.ctrl if state is not None else None
         if ctrl is None:
-            return original(self, *args, **kwargs)
+            out = original(self, *args, **kwargs)
+            if state is not None and state.lookup is not None:
+                carriers.set_lookup_positions(out, state.take_lookup_positions(out))
+            return out
         # with plain_next, requests with a gap (at K=0 since) draft only when seeded
         state.plain_next = plain = ctrl.plain_next()
         seeded = any(state.seeded_ids.values())
@@ -106,6 +110,8 @@ def wrap_schedule(original):
         if state.block_counts:
             carriers.set_block_counts(out, state.block_counts)
             state.block_counts = {}
+        if state.lookup is not None:
+            carriers.set_lookup_positions(out, state.take_lookup_positions(out))
         carriers.set_draft_depth(out, depth)
         setattr(self, DEPTH_ATTR, depth)  # for post_step
         return out
@@ -145,8 +151,7 @@ def wrap_update_draft_token_ids(original):
         if req_ids:
             state.figures.add_choices([len(d) for d in draft_token_ids.draft_token_ids])
         if by_lookup:
-            state.figures.lookup_drafts += sum(sum(given[:len(d)]) for given, d in
-                                               zip(by_lookup, draft_token_ids.draft_token_ids))
+            state.note_lookup_drafts(req_ids, by_lookup, draft_token_ids.draft_token_ids)
         out = original(self, draft_token_ids)
         if ctrl is not None:
             state.release_surplus(self, req_ids)
@@ -207,6 +212,7 @@ def wrap_update_from_output(original):
         if state.lookup is not None:
             for req_id in scheduler_output.finished_req_ids:
                 state.history.forget(req_id)
+                state.lookup_given.pop(req_id, None)
         drafted = carriers.draft_depth(scheduler_output) != 0  # depth 0: no draft ran
         if drafted:
             figures.add_draft(*carriers.draft_time(model_runner_output))

@@ -62,6 +62,7 @@ class SchedulerState:
         # the head drafted this deep (`proposer`; the drafts' columns past it are padding), lookups past it
         self.head_depth = None if self.lookup is None else mark.options.head_depth
         self.history = TokenHistory()  # each request's tokens as an array, for the lookup
+        self.lookup_given: dict[str, tuple[int, ...]] = {}  # positions of each request's drafts a lookup gave
 
     def is_seeded(self, scheduler, req_id: str) -> bool:
         """Sampled requests with a seed keep the full K: timing-driven depth would make their samples
@@ -113,6 +114,29 @@ class SchedulerState:
             if released is not None:
                 self.block_counts[rid] = released[0]
                 self.blocks_released += released[1]
+
+    def note_lookup_drafts(self, req_ids: list[str], by_lookup: list[list[bool]], drafts: list[list[int]]) -> None:
+        """Each request's drafts as cut to its K (drafts [R][<= K]) and which of them a lookup gave (by_lookup
+        [R][...]): counted, and the positions kept until the step that verifies them is scheduled."""
+        for rid, given, row in zip(req_ids, by_lookup, drafts):
+            positions = tuple(i for i, g in enumerate(given[:len(row)]) if g)
+            self.figures.lookup_drafts += len(positions)
+            if positions:
+                self.lookup_given[rid] = positions
+            else:
+                self.lookup_given.pop(rid, None)
+
+    def take_lookup_positions(self, scheduler_output) -> dict[str, tuple[int, ...]]:
+        """{request: positions of its drafts scheduled in this step that a lookup gave}. vLLM hands a scheduled
+        request's drafts to the step (those past what fits cut) and clears them, so its positions go with them."""
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        out = {}
+        for rid in scheduler_output.num_scheduled_tokens:
+            positions = self.lookup_given.pop(rid, None)
+            if positions and rid in spec:
+                n = len(spec[rid])
+                out[rid] = tuple(p for p in positions if p < n)
+        return out
 
     def forget(self, req_id: str) -> None:
         """A finished request leaves every per-request table."""
