@@ -249,10 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--fixed-k", action="store_true", help="draft K tokens every step (adaptive depth off)")
     d.add_argument("--head-only", action="store_true", help="the head drafts alone (default on SmolLM2: prompt lookup "
                    "of n-grams up to 5 and corpus lookup in datasets/smollm2 beside it)")
-    d.add_argument("--prompt-lookup", type=int, metavar="N", help="prompt lookup beside the head: greedy requests' "
+    d.add_argument("--prompt-lookup", type=int, metavar="N", help="prompt lookup beside the head: requests' "
                    "drafts from their own text where it repeats, n-grams up to N (the config's prompt_lookup_max); "
                    "naming a lookup runs only those named")
-    d.add_argument("--lookup-corpus", metavar="PATH", help="corpus lookup beside the head: greedy requests' drafts "
+    d.add_argument("--lookup-corpus", metavar="PATH", help="corpus lookup beside the head: requests' drafts "
                    "from answers the target wrote (`peagle-vllm distill` output, e.g. datasets/smollm2) where prompt "
                    "lookup finds none (the config's lookup_corpus)")
     d.add_argument("--head-depth", type=int, metavar="N", help="with a lookup on: the head drafts at most N tokens a "

@@ -60,14 +60,14 @@ class PEagleOptions:
     accept_tolerance: float = 0.0  # ... when log p_top - log p_draft <= this (0: exact match only)
     head_matmul_dtype: str = "auto"  # the head's matmuls: bfloat16 on a capable CPU, else its dtype (`matmul_dtype`)
     draft_temperature: float | None = None  # sampled drafts at T x this (`draft_temperature`); None: the head's own
-    prompt_lookup_max: int | None = None  # greedy requests' drafts from their own text (`lookup`); None: off
+    prompt_lookup_max: int | None = None  # requests' drafts from their own text too (`lookup`); None: off
     prompt_lookup_min: int = DEFAULT_MIN_N  # shortest n-gram prompt lookup matches
     lookup_corpus: str | None = None  # answers the target wrote (`corpus_lookup`) drafting where prompt lookup has none
     head_depth: int | None = None  # the most drafts the head gives per step, lookups the rest up to K; None: K
 
     @property
     def looks_up(self) -> bool:
-        """Whether greedy requests' drafts may come from a lookup (prompt or corpus) beside the head."""
+        """Whether requests' drafts may come from a lookup (prompt or corpus) beside the head."""
         return self.prompt_lookup_max is not None or self.lookup_corpus is not None
 
     @property

@@ -1,5 +1,5 @@
 """Corpus lookup: drafts from answers the target wrote before (e.g. `peagle-vllm distill`'s, which trained the
-head), for greedy requests whose own text has no match for prompt lookup (`lookup.PromptLookup`).
+head), for requests whose own text has no match for prompt lookup (`lookup.PromptLookup`).
 
 Each step walks the corpus like a variable-order n-gram model: the longest suffix of the request's text (n from
 `min_n` to `max_n`) found in the corpus decides the next draft, the most frequent token after its occurrences;

@@ -1,11 +1,11 @@
-"""Prompt lookup beside the head: where a greedy request's tokens so far end in an n-gram that occurred earlier in
+"""Prompt lookup beside the head: where a request's tokens so far end in an n-gram that occurred earlier in
 them (prompt or output), the tokens that followed its latest earlier occurrence are drafted in place of the head's
 drafts at those depths (`chain`).
 
 Rules:
 - The longest suffix n-gram with `min_n <= n <= max_n` wins; among its occurrences, the latest (nearest text).
-- Only greedy requests: a greedy draft is checked against the target's argmax whatever drafted it, so the output
-  stays the target's; a sampled draft's acceptance needs the draft distribution q the head sampled it from.
+- Output stays the target's: a greedy request's drafts are checked against the target's argmax whatever drafted
+  them; a sampled request verifies a lookup's draft with a one-hot draft distribution (`scheduled_q`).
 - P-EAGLE's head drafts every depth from the context and mask slots, never from its own earlier drafts, so its
   depth-d draft stays a draft for position d whatever drafts fill the depths before it; and a lookup drafts from
   any text, so it looks up again past each of the head's drafts.

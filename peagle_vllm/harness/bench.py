@@ -80,7 +80,7 @@ MODES = [
     Mode("p_eagle-standard", "standard", (("method", "p_eagle"), ("adaptive", False))),
     Mode("p_eagle-depth", "depth", (("method", "p_eagle"), ("adaptive", False))),
     Mode("p_eagle-depth-adaptive", "depth", (("method", "p_eagle"),)),
-    # with prompt lookup beside the head (greedy requests; `peagle_vllm/lookup.py`): named with --modes only
+    # with prompt lookup beside the head (`peagle_vllm/lookup.py`): named with --modes only
     Mode("p_eagle-depth-lookup", "depth", (("method", "p_eagle"), ("adaptive", False), ("prompt_lookup_max", 5)),
          by_default=False),
     Mode("p_eagle-depth-adaptive-lookup", "depth", (("method", "p_eagle"), ("prompt_lookup_max", 5)), by_default=False),

@@ -2,11 +2,11 @@
 through super()). `__init__`: for a p_eagle config, the drafter becomes PEagleProposer and the
 rejection sampler PEagleRejectionSampler (the drafter loads its weights later, in load_model).
 `_update_states`: block lists the scheduler cut after a rejection are cut here too before the step's
-new blocks are appended, the step's draft depth (adaptive depth) and the positions of the drafts lookups gave are
-kept, and, as a test aid, stale KV is poisoned. `_get_spec_decode_draft_probs`: the sampler's q is laid out from
-the drafts verified, one-hot where a lookup drafted (`scheduled_q`). `sample_tokens`: the step's output carries the draft time to the
-scheduler (which sends it on to the front end's metrics), an async output once its result is read;
-CPU generators saved by `generator_hook` are put back after it.
+new blocks are appended, the step's draft depth (adaptive depth) and the positions of the drafts lookups gave
+are kept, and, as a test aid, stale KV is poisoned. `_get_spec_decode_draft_probs`: the sampler's q is laid out
+from the drafts verified, one-hot where a lookup drafted (`scheduled_q`). `sample_tokens`: the step's output
+carries the draft time to the scheduler (which sends it on to the front end's metrics), an async output once its
+result is read; CPU generators saved by `generator_hook` are put back after it.
 A plain step (adaptive depth: nothing to verify and no draft to follow, every request in fallback)
 runs `execute_model` and `sample_tokens` with the runner's speculative config set aside, i.e. on
 vLLM's own no-speculation path: no spec-decode metadata, no drafter, and a target forward without the

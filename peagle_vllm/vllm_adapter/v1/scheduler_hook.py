@@ -5,8 +5,8 @@
 - `update_draft_token_ids`: with prompt or corpus lookup on, requests' drafts come from their own text or
   from the corpus where those say what comes next, and from the head elsewhere (`prompt_lookup`; past `head_depth`,
   from lookups only; the positions the lookups gave ride to the worker with the step that verifies them, whose
-  sampler takes their q as one-hot: `scheduled_q`); then each request's drafts are cut to the K the controller chooses (never
-  more than the lookahead reserved for it), so the next step verifies only those (K=0: plain
+  sampler takes their q as one-hot: `scheduled_q`); then each request's drafts are cut to the K the controller
+  chooses (never more than the lookahead reserved for it), so the next step verifies only those (K=0: plain
   decoding for that request); then blocks the request no longer needs go back to the pool
   (`rollback_hook.release_surplus`). Seeded requests keep K_max so that the same seed gives the
   same output.

@@ -55,7 +55,7 @@ class SchedulerState:
         self.hold = FallbackHold()  # steady fallback's steps that skip the controller
         self.blocks_released = 0  # blocks handed back before their request ended
         self.trimmable = rollback_hook.trimmable_managers(scheduler) if adaptive else []  # fixed for the engine's life
-        # greedy requests' drafts from their own text, else a corpus (`prompt_lookup`); drafts bypass the
+        # requests' drafts from their own text, else a corpus (`prompt_lookup`); drafts bypass the
         # scheduler under async scheduling
         self.lookup = None if async_scheduling else lookups_of(mark.options)
         self.max_k = mark.options.num_speculative_tokens  # what lookups may draft up to
