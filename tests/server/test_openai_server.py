@@ -29,7 +29,7 @@ def server(demo, tmp_path_factory):
     corpus = trace.parent / "answers.jsonl"
     corpus.write_text(json.dumps({"prompt_ids": tokenizer(CORPUS_PROMPT).input_ids, "response_ids": answer}) + "\n")
     # fixed K: these tests need speculative steps to happen (adaptive depth is served in test_load.py); prompt and
-    # corpus lookup on: greedy requests' first drafts may come from their own text or the corpus (the head alone:
+    # corpus lookup on: requests' first drafts may come from their own text or the corpus (the head alone:
     # test_load.py)
     spec = {"method": "p_eagle", "model": str(demo["draft"]), "num_speculative_tokens": 8, "adaptive": False,
             "prompt_lookup_max": 5, "lookup_corpus": str(corpus)}
@@ -153,3 +153,15 @@ def test_an_answer_in_the_lookup_corpus_is_drafted_from_it(client, server) -> No
     assert served.choices[0].text == server["corpus_answer"]
     print(f"drafts {drafted:.0f}, accepted {accepted:.0f}, from lookup {looked_up:.0f}")
     assert accepted > 0.6 * drafted and looked_up > 0
+
+
+def test_a_sampled_stream_is_drafted_by_lookup_too(client, server) -> None:
+    """A sampled streaming request on a prompt that repeats itself: it streams to the end, and some of its verified
+    drafts came from prompt lookup (their distribution kept: test_sampling.py)."""
+    before = scrape_metrics(server["base"])["peagle:lookup_draft_tokens_total"]
+    stream = client.completions.create(model="demo", prompt="import os\nimport sys\n" * 3 + "import", max_tokens=48,
+                                       temperature=0.8, top_p=0.9, seed=3, stream=True, extra_body={"ignore_eos": True})
+    chunks = [c for c in stream]
+    looked_up = scrape_metrics(server["base"])["peagle:lookup_draft_tokens_total"] - before
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert looked_up > 0
