@@ -10,7 +10,6 @@ followed it are the drafts. `lookup_first` puts them at the first depths and kee
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 
 def prompt_lookup(token_ids: torch.Tensor,  # [R, L] every request slot's tokens (prompt and output), int
@@ -23,20 +22,23 @@ def prompt_lookup(token_ids: torch.Tensor,  # [R, L] every request slot's tokens
     tokens = token_ids[rows]  # [B, L] (a copy: B x L tokens, and each n-gram length compares that many)
     batch, width = tokens.shape
     size = lengths[rows].long().unsqueeze(1)  # [B, 1]
-    ends = torch.arange(width, device=tokens.device).unsqueeze(0)  # [1, L] where an earlier occurrence ends
+    # [1, L] where an earlier occurrence ends, in the score's int32: (n + 1) * (L + 1) fits while L < 32M (n <= 64)
+    ends = torch.arange(width, device=tokens.device, dtype=torch.int32).unsqueeze(0)
 
     def suffix_token(back: int) -> torch.Tensor:  # [B, 1] the token `back` places before the end (1: the last)
         return tokens.gather(1, (size - back).clamp(min=0))
 
-    match = (ends < size - 1) & (tokens == suffix_token(1))  # [B, L] occurrences of the last token
-    best = torch.zeros(batch, dtype=torch.long, device=tokens.device)  # n * (L + 1) + end + 1; 0: none
+    # [B, L] occurrences of the suffix's last n tokens, narrowed in place as n grows (bool: a byte a token)
+    match = (ends < size - 1) & (tokens == suffix_token(1))
+    best = torch.zeros(batch, dtype=torch.int32, device=tokens.device)  # n * (L + 1) + end + 1; 0: none
     for n in range(1, max_n + 1):
-        if n > 1:
-            before = F.pad(tokens, (n - 1, 0), value=-1)[:, :width]  # [B, L] the token n-1 places before each end
-            match = match & (before == suffix_token(n)) & (size >= n)
+        if n > 1:  # an occurrence ending at e needs the token n-1 places before e: none before position n-1
+            match[:, : n - 1] = False
+            match[:, n - 1:] &= (tokens[:, : width - n + 1] == suffix_token(n)) & (size >= n)
         if n >= min_n:
-            score = torch.where(match, n * (width + 1) + ends + 1, 0).amax(dim=1)
+            score = torch.where(match, ends + (n * (width + 1) + 1), 0).amax(dim=1)
             best = torch.maximum(best, score)
+    best = best.long()
     start = torch.where(best > 0, (best - 1) % (width + 1) + 1, 0)  # [B] the token after the occurrence
     found = torch.where((best > 0) & (size.squeeze(1) > min_n), (size.squeeze(1) - start).clamp(0, k), 0)
     depth = torch.arange(k, device=tokens.device).unsqueeze(0)  # [1, k]
