@@ -74,15 +74,15 @@ def wrap_get_spec_decode_draft_probs(original):
         """vLLM's flat draft_probs [num_draft_tokens, V] for the rejection sampler, laid out from the drafts this
         step verifies rather than from the head's: one-hot where a lookup drafted (`scheduled_q`)."""
         head_q, req_ids = self._draft_probs, self._draft_prob_req_ids
-        if head_q is None or req_ids is None:
-            return original(self, spec_decode_metadata)
         lookups = getattr(self, "peagle_lookup_positions", None) or {}
+        if head_q is None or req_ids is None or (
+                not lookups and max(spec_decode_metadata.num_draft_tokens, default=0) <= head_q.shape[1]):
+            return original(self, spec_decode_metadata)  # (vLLM's layout is the drafts')
         row_of = {rid: i for i, rid in enumerate(req_ids)}
         verifying = [(rid, n) for rid, n in zip(self.input_batch.req_ids, spec_decode_metadata.num_draft_tokens)
                      if n]
-        if (not lookups and all(n <= head_q.shape[1] for _, n in verifying)) or any(
-                rid not in row_of for rid, _ in verifying):  # (the latter: vLLM's own warning and fallback)
-            return original(self, spec_decode_metadata)
+        if any(rid not in row_of for rid, _ in verifying):
+            return original(self, spec_decode_metadata)  # (vLLM's own warning and fallback)
         return scheduled_draft_probs(head_q, [row_of[rid] for rid, _ in verifying], [n for _, n in verifying],
                                      [lookups.get(rid, ()) for rid, _ in verifying],
                                      spec_decode_metadata.draft_token_ids)

@@ -129,6 +129,8 @@ class SchedulerState:
     def take_lookup_positions(self, scheduler_output) -> dict[str, tuple[int, ...]]:
         """{request: positions of its drafts scheduled in this step that a lookup gave}. vLLM hands a scheduled
         request's drafts to the step (those past what fits cut) and clears them, so its positions go with them."""
+        if not self.lookup_given:
+            return {}
         spec = scheduler_output.scheduled_spec_decode_tokens
         out = {}
         for rid in scheduler_output.num_scheduled_tokens:
