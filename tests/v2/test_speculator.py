@@ -137,10 +137,10 @@ def test_prepare_propose_takes_top_k_and_top_p_only_when_a_request_of_the_batch_
     assert top_k is states.top_k.gpu and top_p is states.top_p.gpu
 
 
-def test_prompt_lookup_drafts_a_greedy_requests_first_depths_from_its_own_text(make_spec, build_draft_model,
-                                                                               vllm_env) -> None:
-    """Three requests with the same text: the greedy one takes the continuation of its suffix 5 6 (7 8 5 6), the
-    head's drafts after it; the sampled one and the one still prefilling keep the head's drafts."""
+def test_prompt_lookup_drafts_a_requests_first_depths_from_its_own_text(make_spec, build_draft_model,
+                                                                        vllm_env) -> None:
+    """Three requests with the same text: the greedy one and the sampled one take the continuation of their suffix
+    5 6 (7 8 5 6), the head's drafts after it; the one still prefilling keeps the head's drafts."""
     from types import SimpleNamespace
 
     from peagle_vllm.vllm_adapter.v2.step import StepInputs
@@ -157,6 +157,7 @@ def test_prompt_lookup_drafts_a_greedy_requests_first_depths_from_its_own_text(m
     inputs = StepInputs(none, none, none, none, num_sampled=torch.tensor([1, 1, 0]), num_rejected=none,
                         idx_mapping=torch.tensor([2, 0, 1]), last_sampled=none, next_prefill_tokens=none,
                         temperature=torch.tensor([1.0, 0.0, 0.0] + [0.0] * (s.max_num_reqs - 3)))
-    drafts = s._with_prompt_lookup(torch.full((3, 6), 99), inputs)
+    drafts, looked_up = s._with_prompt_lookup(torch.full((3, 6), 99), inputs)
     # batch rows at slots 2, 0, 1: greedy (T=0 at slot 2), sampled (T=1 at slot 0), prefilling (nothing sampled)
-    assert drafts.tolist() == [[7, 8, 5, 6, 99, 99], [99] * 6, [99] * 6]
+    assert drafts.tolist() == [[7, 8, 5, 6, 99, 99], [7, 8, 5, 6, 99, 99], [99] * 6]
+    assert looked_up.tolist() == [[True] * 4 + [False] * 2] * 2 + [[False] * 6]

@@ -136,3 +136,63 @@ def test_sampled_drafts_follow_the_requests_top_k_and_top_p_and_the_cache_says_s
         for depth in range(k):
             assert _chi_square_p(tokens[r::4, depth], q[depth]) > 1e-3
     assert bool((tokens[3::4] == rounded[3].argmax(-1)).all())  # greedy: the argmax, top-k or not
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocabulary", ["draft", "target"])
+def test_a_looked_up_drafts_cached_row_is_one_hot(cache_dtype, vocabulary) -> None:
+    """Rows a lookup drafted hold 0 at the drafted token and -inf elsewhere, so the verifier rebuilds q as that
+    point mass at any temperature; the head's rows keep the logits their drafts were drawn from."""
+    from peagle_vllm.vllm_adapter.v2.drafts import cache_draft_logits, draft_block
+
+    torch.manual_seed(4)
+    b, k, vd, v = 3, 4, 40, 100
+    d2t = torch.arange(0, 2 * vd, 2) if vocabulary == "draft" else None
+    temperature = torch.tensor([0.0, 0.7, 1.3])
+    head_tokens, rounded, _ = draft_block(torch.randn(b, k, vd if d2t is not None else v) * 3, d2t, temperature,
+                                          cache_dtype)
+    head_rows = rounded.clone()
+    looked_up = torch.tensor([[True, True, False, False], [True, False, False, False], [False] * 4])
+    tokens = torch.where(looked_up, torch.tensor([[7, 9, 0, 0], [99, 0, 0, 0], [0] * 4]), head_tokens)  # odd ids:
+    cache = _cache(8, k, v, cache_dtype)  # outside the draft vocabulary, which a lookup may draft
+    idx_mapping = torch.tensor([5, 2, 7])
+    cache_draft_logits(cache.values, idx_mapping, rounded, d2t, looked_up, tokens)
+    q = _rebuilt_q(cache.values, idx_mapping, k, torch.tensor([1.0, 0.7, 1.3]))  # [b, k, V]
+    assert torch.equal(q[looked_up], torch.nn.functional.one_hot(tokens[looked_up], v).float())
+    cached = cache.values[idx_mapping, :k]
+    head_cached = cached[..., d2t] if d2t is not None else cached
+    assert torch.equal(head_cached[~looked_up], head_rows[~looked_up])  # the head's rows as drawn from
+
+
+@pytest.mark.parametrize("mode", ["standard", "block"])
+def test_looked_up_drafts_verify_losslessly_with_their_one_hot_rows(mode) -> None:
+    """Every request's first draft is a looked-up token x (fixed by the text, not drawn), the rest the head's.
+    Verified against the q rebuilt from the cache, the emitted first token follows the target's p; had the cache
+    kept the head's row at x's depth, x would be judged as if drawn from that q, and the output is off."""
+    from peagle_vllm.verify import verify_block, verify_standard
+    from peagle_vllm.vllm_adapter.v2.drafts import cache_draft_logits, draft_block
+
+    torch.manual_seed(5)
+    n, k, v, temp = 40000, 3, 6, 0.9
+    draft_logits = torch.randn(1, k, v).expand(n, -1, -1)
+    target = torch.randn(k + 1, v)
+    p = (target / temp).softmax(-1)
+    x = int(p[0].argsort()[v // 2])  # a token the target takes sometimes: rejected often
+    head_tokens, rounded, _ = draft_block(draft_logits, None, torch.full((n,), temp), torch.float32)
+    looked_up = torch.zeros(n, k, dtype=torch.bool)
+    looked_up[:, 0] = True
+    tokens = torch.where(looked_up, x, head_tokens)
+    head_values = torch.zeros(n, k, v)
+    cache_draft_logits(head_values, torch.arange(n), rounded.clone(), None)  # the head's rows everywhere
+    values = torch.zeros(n, k, v)
+    cache_draft_logits(values, torch.arange(n), rounded, None, looked_up, tokens)
+    verifier = verify_block if mode == "block" else verify_standard
+    bonus = torch.multinomial(p[k], n, replacement=True)
+
+    def first_token_error(cached: torch.Tensor) -> float:
+        q = _rebuilt_q(cached, torch.arange(n), k, torch.full((n,), temp))
+        out = verifier(tokens, torch.full((n,), k), q, p[:k].expand(n, -1, -1), bonus)
+        return float(((torch.bincount(out.tokens[:, 0], minlength=v).float() / n) - p[0]).abs().max())
+
+    assert first_token_error(values) < 0.015
+    assert first_token_error(head_values) > 0.05

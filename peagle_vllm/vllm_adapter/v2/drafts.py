@@ -9,6 +9,9 @@ Rules:
 - Sampled drafts follow the request's top-k/top-p (vLLM's order: temperature, then top-k, then top-p over what
   top-k kept), applied to q over the draft vocabulary: the tokens they remove get -inf logits before the draw
   and in the cache, so the verifier's q is the truncated q the draft was drawn from.
+- A draft a lookup gave (prompt lookup, `batch_lookup`) is a function of the text before it, so its q is one-hot:
+  its cached row is 0 at the drafted token and -inf elsewhere, which the verifier rebuilds as that point mass
+  (accept with p(x); on a rejection draw from p without x), at any temperature.
 - Greedy requests (temperature 0) draft the argmax. Every row is drawn and argmaxed, and the two are chosen per
   request on the device: the V2 runner has no host-side all-greedy flag, and reading one from the device would
   sync every step. Nothing here builds q over the target vocabulary (the verifier does, from the cache).
@@ -74,14 +77,28 @@ def draft_block(logits: torch.Tensor, draft_to_target: torch.Tensor | None, temp
 
 
 def cache_draft_logits(values: torch.Tensor, idx_mapping: torch.Tensor, rounded: torch.Tensor,
-                       draft_to_target: torch.Tensor | None) -> None:
+                       draft_to_target: torch.Tensor | None, looked_up: torch.Tensor | None = None,
+                       tokens: torch.Tensor | None = None) -> None:
     """Writes rounded draft logits [B, K, Vd] into the cache values [max_reqs, K_max, V] at each request's slot
     idx_mapping [B] (real requests only: dummy runs do not cache), mapped to the target vocabulary (-inf
-    outside the draft vocabulary)."""
+    outside the draft vocabulary). Where looked_up [B, K] (bool) marks a draft a lookup gave, tokens [B, K] (the
+    step's drafts, target ids) holds it and its row is one-hot instead. Without a draft vocabulary `rounded` is
+    overwritten in place (no second [B, K, V] tensor)."""
     b, k, _ = rounded.shape
     if draft_to_target is None:
         full = rounded
     else:
         full = rounded.new_full((b, k, values.shape[-1]), float("-inf"))
         full[..., draft_to_target] = rounded
+    if looked_up is not None:
+        one_hot(full, looked_up, tokens)
     values[idx_mapping.long(), :k] = full.to(values.dtype)
+
+
+def one_hot(logits: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor) -> None:
+    """In place: logits [B, K, V] rows where rows [B, K] (bool) is set become 0 at tokens [B, K] and -inf
+    elsewhere; the other rows are unchanged. Masked writes over every row, so nothing is read back to the host."""
+    at = tokens.long().unsqueeze(-1)  # [B, K, 1]
+    kept = logits.gather(-1, at)  # the other rows' logit at their token, written back unchanged
+    logits.masked_fill_(rows.unsqueeze(-1), float("-inf"))
+    logits.scatter_(-1, at, torch.where(rows.unsqueeze(-1), torch.zeros_like(kept), kept))

@@ -21,8 +21,9 @@ missing from V2's and the core's verifier does not run here (V2 also gives a spe
 runner's rejection sampler). Lossless as long as the cached logits are the ones the drafts were drawn from:
 `drafts` rounds them to the cache's dtype before sampling.
 
-With `prompt_lookup_max` set, a greedy request's drafts come from its own text where it repeats, the head's past
-them (`batch_lookup`, on the device, from the runner's token history).
+With `prompt_lookup_max` set, a request's drafts come from its own text where it repeats, the head's past them
+(`batch_lookup`, on the device, from the runner's token history); a looked-up draft's cached row is one-hot, so
+sampled requests verify it losslessly too.
 
 Reused from V2: `DraftModelSpeculator` (buffers, draft KV groups, `DraftLogitsCache`, attention-metadata
 building over the draft's block tables), `get_model` with our registered architecture, vLLM's embedding
@@ -78,7 +79,7 @@ class PEagleSpeculator(DraftModelSpeculator):
         self._layer_name: str | None = None
         self._group_id = -1
         self._cut: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)  # top_k, top_p [max_reqs]
-        self.lookup = self.options.prompt_lookup  # greedy requests' drafts from their own text too; None: off
+        self.lookup = self.options.prompt_lookup  # drafts from each request's own text too; None: off
         self._history = None  # the runner's RequestState: each request slot's tokens (prompt lookup reads them)
 
     # --- loading -----------------------------------------------------------------------------------------
@@ -210,27 +211,28 @@ class PEagleSpeculator(DraftModelSpeculator):
                           self.draft_temperature)
         self.num_proposals += 1
         self.num_bad_rows += step.num_bad_rows
-        if cache is not None and writes:
-            drafts.cache_draft_logits(cache.values, inputs.idx_mapping, step.rounded_logits, self._draft_to_target)
-        tokens = step.tokens
+        tokens, looked_up = step.tokens, None
         if self.lookup is not None and self._history is not None and writes:
-            tokens = self._with_prompt_lookup(tokens, inputs)
+            tokens, looked_up = self._with_prompt_lookup(tokens, inputs)
+        if cache is not None and writes:
+            drafts.cache_draft_logits(cache.values, inputs.idx_mapping, step.rounded_logits, self._draft_to_target,
+                                      looked_up, tokens)
         self.draft_tokens[:b, :k] = tokens
         self.draft_tokens[:b, k:] = -1
         return self.draft_tokens[:b]
 
     def _with_prompt_lookup(self, head_drafts: torch.Tensor,  # [num_reqs, k] target ids
-                            inputs: StepInputs) -> torch.Tensor:
-        """[num_reqs, k] drafts: a greedy request's prompt-lookup continuation at its first depths, the head's
-        drafts past them (`batch_lookup`); sampled requests and requests still in prefill keep the head's. The
-        runner wrote this step's sampled tokens into the token history before `propose`."""
+                            inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """([num_reqs, k] drafts, [num_reqs, k] bool: which a lookup gave): a request's prompt-lookup continuation
+        at its first depths, the head's drafts past them (`batch_lookup`), greedy and sampled requests alike (the
+        cache then holds a one-hot row for each looked-up draft: `drafts`); requests still in prefill keep the
+        head's. The runner wrote this step's sampled tokens into the token history before `propose`."""
         history, rows = self._history, inputs.idx_mapping
         continuations, found = batch_lookup.prompt_lookup(history.all_token_ids.gpu, rows, history.total_len.gpu,
                                                           head_drafts.shape[1], self.lookup.min_n, self.lookup.max_n)
-        greedy = (inputs.temperature[rows] <= 0) & (inputs.num_sampled > 0)
-        drafts, taken = batch_lookup.lookup_first(head_drafts, continuations, found, greedy)
+        drafts, taken = batch_lookup.lookup_first(head_drafts, continuations, found, inputs.num_sampled > 0)
         self.metrics.count_lookup(taken)
-        return drafts
+        return drafts, taken
 
     def _store_context(self, context: layout.ContextRows, positions: torch.Tensor, hidden: torch.Tensor,
                        slot_mappings: dict[str, torch.Tensor], include_last: bool) -> None:
