@@ -153,8 +153,9 @@ def test_a_looked_up_drafts_cached_row_is_one_hot(cache_dtype, vocabulary) -> No
                                           cache_dtype)
     head_rows = rounded.clone()
     looked_up = torch.tensor([[True, True, False, False], [True, False, False, False], [False] * 4])
-    tokens = torch.where(looked_up, torch.tensor([[7, 9, 0, 0], [99, 0, 0, 0], [0] * 4]), head_tokens)  # odd ids:
-    cache = _cache(8, k, v, cache_dtype)  # outside the draft vocabulary, which a lookup may draft
+    # looked-up ids are odd: with a draft vocabulary (even ids) they lie outside it, as a lookup's draft may
+    tokens = torch.where(looked_up, torch.tensor([[7, 9, 0, 0], [99, 0, 0, 0], [0] * 4]), head_tokens)
+    cache = _cache(8, k, v, cache_dtype)
     idx_mapping = torch.tensor([5, 2, 7])
     cache_draft_logits(cache.values, idx_mapping, rounded, d2t, looked_up, tokens)
     q = _rebuilt_q(cache.values, idx_mapping, k, torch.tensor([1.0, 0.7, 1.3]))  # [b, k, V]
