@@ -5,6 +5,7 @@ Rules, the same as `lookup.PromptLookup`'s for one request: the longest suffix n
 (min_n <= n <= max_n) that occurred earlier in them wins, at its latest earlier occurrence, and the tokens that
 followed it are the drafts. `lookup_first` puts them at the first depths and keeps the head's drafts past them:
 `lookup.chain` asked once (the lookup is not asked again past the head's drafts, which would take a scan a depth).
+Where prompt lookup finds nothing, corpus lookup may (`corpus_trie`, reading `last_tokens`; `first_found`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,26 @@ def prompt_lookup(token_ids: torch.Tensor,  # [R, L] every request slot's tokens
     depth = torch.arange(k, device=tokens.device).unsqueeze(0)  # [1, k]
     gathered = tokens.gather(1, (start.unsqueeze(1) + depth).clamp(max=width - 1))
     return torch.where(depth < found.unsqueeze(1), gathered.long(), 0), found
+
+
+def last_tokens(token_ids: torch.Tensor,  # [R, L] every request slot's tokens (prompt and output), int
+                rows: torch.Tensor,  # [B] the batch's slots in token_ids, int64
+                lengths: torch.Tensor,  # [R] tokens held per slot
+                n: int) -> torch.Tensor:
+    """[B, n] int64: each request's last n tokens, nearest first; -1 past its first token."""
+    back = lengths[rows].long().unsqueeze(1) - 1 - torch.arange(n, device=token_ids.device)  # [B, n] positions
+    return torch.where(back >= 0, token_ids[rows].gather(1, back.clamp(min=0)).long(), -1)
+
+
+def first_found(*lookups: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(continuations [B, k], found [B]) pairs, tried in turn (`lookup.FirstFound`) -> each request's first pair
+    that found a continuation, or the last pair's (found 0)."""
+    continuations, found = lookups[-1]
+    for earlier, earlier_found in reversed(lookups[:-1]):
+        use = earlier_found > 0
+        continuations = torch.where(use.unsqueeze(1), earlier, continuations)
+        found = torch.where(use, earlier_found, found)
+    return continuations, found
 
 
 def lookup_first(head_drafts: torch.Tensor,  # [B, k] the head's drafts, int64

@@ -70,6 +70,17 @@ class CorpusLookup:
         self._first, self._second = words[0][order], words[1][order]
         self._next = (flat[ends + 1][order] - 1).astype(np.int32)  # [N]: the answer token that followed
 
+    @property
+    def follows(self) -> np.ndarray:
+        """[N] the answer token after each index row (rows sorted by the tokens before it, nearest first)."""
+        return self._next
+
+    def token_back(self, n: int) -> np.ndarray:
+        """[N] uint64: each index row's n-th token back (1: the nearest), as id + 1; 0 before its context."""
+        column = self._first if n <= self.per_word else self._second
+        shift = np.uint64(self.bits * (self.per_word - 1 - (n - 1) % self.per_word))
+        return (column >> shift) & np.uint64((1 << self.bits) - 1)
+
     def _longest(self, tokens: np.ndarray) -> tuple[int, int, int]:
         """tokens [L] -> (lo, hi, n): the index range of the longest suffix n-gram found (n >= min_n); n 0: none."""
         found = (0, 0, 0)

@@ -1,5 +1,6 @@
 """`batch_lookup`: the batch's prompt lookup in tensor ops gives what `lookup.PromptLookup` gives one request at a
-time, and `lookup_first` puts it before the head's drafts for the requests that take it."""
+time, and `lookup_first` puts it before the head's drafts for the requests that take it; `first_found` tries lookups
+in turn."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from peagle_vllm.batch_lookup import lookup_first, prompt_lookup
+from peagle_vllm.batch_lookup import first_found, last_tokens, lookup_first, prompt_lookup
 from peagle_vllm.lookup import PromptLookup
 
 
@@ -45,3 +46,18 @@ def test_lookups_fill_the_first_depths_of_the_requests_that_take_them() -> None:
     drafts, taken = lookup_first(head, continuations, found, use=torch.tensor([True, True, False]))
     assert drafts.tolist() == [[1, 2, 12, 13], [20, 21, 22, 23], [30, 31, 32, 33]]
     assert taken.tolist() == [[True, True, False, False], [False] * 4, [False] * 4]
+
+
+def test_last_tokens_are_read_nearest_first() -> None:
+    token_ids = torch.tensor([[1, 2, 3, 4, 0], [5, 6, 0, 0, 0], [7, 0, 0, 0, 0]], dtype=torch.int32)
+    tails = last_tokens(token_ids, torch.tensor([2, 0, 1]), torch.tensor([4, 2, 0]), 3)
+    assert tails.dtype == torch.long
+    assert tails.tolist() == [[-1, -1, -1], [4, 3, 2], [6, 5, -1]]  # slot 2 holds no token yet
+
+
+def test_the_first_lookup_that_finds_wins() -> None:
+    prompt = (torch.tensor([[1, 2, 0], [0, 0, 0], [0, 0, 0]]), torch.tensor([2, 0, 0]))
+    corpus = (torch.tensor([[7, 7, 7], [8, 9, 0], [0, 0, 0]]), torch.tensor([3, 2, 0]))
+    continuations, found = first_found(prompt, corpus)
+    assert continuations.tolist() == [[1, 2, 0], [8, 9, 0], [0, 0, 0]] and found.tolist() == [2, 2, 0]
+    assert first_found(corpus)[1] is corpus[1]

@@ -43,4 +43,4 @@ def test_counts_and_low_acceptance_warning() -> None:
     assert counts.drafted_per_position.tolist() == [3, 3, 3, 3]
     assert any("below 75%" in line for line in handler.lines)
     line = next(line for line in handler.lines if line.startswith("p_eagle metrics: block acceptance 41.7%"))
-    assert line.endswith("; drafts from prompt lookup so far: 2")
+    assert line.endswith("; drafts from lookups so far: 2")

@@ -22,6 +22,8 @@ pytest.importorskip("vllm", minversion="0.34", reason="the V2 adapter needs vLLM
 
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
+from peagle_vllm.corpus_lookup import CorpusLookup  # noqa: E402
+from peagle_vllm.corpus_trie import CorpusTrie, TrieLevel  # noqa: E402
 from peagle_vllm.harness.fake_tensors import HOST_READS, on_fake  # noqa: E402
 from peagle_vllm.lookup import PromptLookup  # noqa: E402
 
@@ -193,21 +195,24 @@ def _fake_speculator(model, vllm_env, mode: FakeTensorMode):
 
 @pytest.mark.parametrize("name", ["standard", "depth", "two_layer"])
 @pytest.mark.parametrize("dummy_run", [True, False])
-@pytest.mark.parametrize("lookup", [False, True])
+@pytest.mark.parametrize("lookup", ["none", "prompt", "prompt and corpus"])
 def test_speculator_propose_and_observe(make_spec, build_draft_model, vllm_env, name, dummy_run, lookup) -> None:
     """`PEagleSpeculator.propose` and `observe_verification`, every tensor fake, the speculator's buffers included
     ('standard' shares the target vocabulary: the case where `model.draft_to_target` reads d2t). A real step
     (dummy_run False) also stores context K/V and caches the draft logits; two stand-ins there: a recorder for
     vLLM's KV-cache write kernel, and no attention metadata (`_query_attention` builds vLLM's from the runner's
     block tables), so vLLM's attention layer computes nothing, as in its dummy runs. A two-layer head runs its
-    context forward instead of the 1-layer K/V store. With prompt lookup on, a real step also scans the runner's
-    token history (`batch_lookup`)."""
+    context forward instead of the 1-layer K/V store. With lookups on, a real step also scans the runner's token
+    history (`batch_lookup`) and walks the corpus's trie (`corpus_trie`)."""
     from vllm.config import set_current_vllm_config
     from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
     from vllm.v1.worker.gpu.spec_decode.draft_logits import DraftLogitsCache
 
     mode, b, n = FakeTensorMode(), 3, 12
     model = build_draft_model(make_spec(name, num_speculative_tokens=K))
+    trie = CorpusTrie.of(CorpusLookup([([1, 2], [3, 4, 5, 3, 4, 6])]))
+    corpus = CorpusTrie([TrieLevel(*map(mode.from_tensor, vars(level).values())) for level in trie.levels], trie.bits,
+                        trie.min_n, trie.min_prob)
     with set_current_vllm_config(vllm_env), torch.no_grad(), torch.compiler.set_stance("force_eager"):
         s = _fake_speculator(model, vllm_env, mode)
         writes = []
@@ -217,8 +222,9 @@ def test_speculator_propose_and_observe(make_spec, build_draft_model, vllm_env, 
         with fake_weights(model, mode), mode:
             # what prepare_propose takes from the runner's sampling states when some request uses top-k and top-p
             s._cut = (torch.full((s.max_num_reqs,), 5, dtype=torch.int32), torch.full((s.max_num_reqs,), 0.9))
-            if lookup:  # what prepare_propose takes from the runner: its RequestState's token history
+            if lookup != "none":  # what prepare_propose takes from the runner: its RequestState's token history
                 s.lookup = PromptLookup(2, 5)
+                s.corpus = corpus if lookup == "prompt and corpus" else None
                 s._history = SimpleNamespace(
                     all_token_ids=SimpleNamespace(gpu=torch.zeros(s.max_num_reqs, 64, dtype=torch.int32)),
                     total_len=SimpleNamespace(gpu=torch.full((s.max_num_reqs,), 10, dtype=torch.int32)))

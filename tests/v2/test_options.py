@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("vllm", minversion="0.34", reason="the V2 adapter needs vLLM 0.34 or later")
@@ -52,6 +54,21 @@ def test_prompt_lookup_is_accepted_and_keeps_the_token_history_on_the_device(mak
     assert not make_spec().speculator_config.prefer_dense_token_history  # (the head alone reads no history)
 
 
+def test_corpus_lookup_is_accepted_and_a_corpus_for_another_vocabulary_refused(make_spec, tmp_path) -> None:
+    from peagle_vllm.vllm_adapter.v2.config import options_of
+
+    row = {"prompt_ids": [1, 2], "response_ids": [3, 4]}
+    (tmp_path / "answers.jsonl").write_text(json.dumps(row) + "\n")
+    spec = make_spec(speculator_options={"lookup_corpus": str(tmp_path)})
+    assert options_of(spec).lookup_corpus == str(tmp_path) and options_of(spec).prompt_lookup is None
+    assert spec.speculator_config.prefer_dense_token_history
+    vocab = spec.target_model_config.get_vocab_size()
+    (tmp_path / "more.jsonl").write_text(json.dumps({**row, "response_ids": [3, vocab]}) + "\n")
+    message = _error(make_spec, speculator_options={"lookup_corpus": str(tmp_path)})
+    assert "speculative_config['speculator_options']['lookup_corpus']: " in message
+    assert f"token id {vocab} is outside the target's vocabulary of {vocab}: these answers were written" in message
+
+
 @pytest.mark.parametrize("fields, names", [
     ({"speculator_options": {"verify": "blok"}}, "speculative_config['speculator_options']['verify']"),
     ({"speculator_options": {"adaptive": "yes"}}, "speculative_config['speculator_options']['adaptive']"),
@@ -61,9 +78,9 @@ def test_prompt_lookup_is_accepted_and_keeps_the_token_history_on_the_device(mak
     ({"speculator_options": {"verfy": "block"}}, "speculative_config['speculator_options']['verfy']"),
     ({"speculator_options": {"verifier_accept_k": 3, "accept_tolerance": 1.0}},  # lossy: vLLM's sampler verifies
      "speculative_config['speculator_options']['accept_tolerance']"),
-    ({"speculator_options": {"lookup_corpus": "."}},  # the drafts bypass p_eagle's V1 scheduler hook
+    ({"speculator_options": {"lookup_corpus": "."}},  # no answers there
      "speculative_config['speculator_options']['lookup_corpus']"),
-    ({"speculator_options": {"prompt_lookup_max": 5, "head_depth": 2}},  # ... which head_depth's cut needs too
+    ({"speculator_options": {"prompt_lookup_max": 5, "head_depth": 2}},  # V2 verifies the same K for every request
      "speculative_config['speculator_options']['head_depth']"),
     ({"speculator_options": {"verifier_accept_k": 0}}, "speculative_config['speculator_options']['verifier_accept_k']"),
     ({"parallel_drafting": True}, "speculative_config['parallel_drafting']"),

@@ -157,7 +157,40 @@ def test_prompt_lookup_drafts_a_requests_first_depths_from_its_own_text(make_spe
     inputs = StepInputs(none, none, none, none, num_sampled=torch.tensor([1, 1, 0]), num_rejected=none,
                         idx_mapping=torch.tensor([2, 0, 1]), last_sampled=none, next_prefill_tokens=none,
                         temperature=torch.tensor([1.0, 0.0, 0.0] + [0.0] * (s.max_num_reqs - 3)))
-    drafts, looked_up = s._with_prompt_lookup(torch.full((3, 6), 99), inputs)
+    drafts, looked_up = s._with_lookups(torch.full((3, 6), 99), inputs)
     # batch rows at slots 2, 0, 1: greedy (T=0 at slot 2), sampled (T=1 at slot 0), prefilling (nothing sampled)
     assert drafts.tolist() == [[7, 8, 5, 6, 99, 99], [7, 8, 5, 6, 99, 99], [99] * 6]
     assert looked_up.tolist() == [[True] * 4 + [False] * 2] * 2 + [[False] * 6]
+
+
+def test_corpus_lookup_drafts_where_the_requests_own_text_has_none(make_spec, build_draft_model, vllm_env,
+                                                                  tmp_path) -> None:
+    """A corpus of one answer, 5 6 40 41 42 43 after the prompt tail 2. The request whose text repeats itself
+    (2 5 6 7 9 2 5 6) takes its own continuation; the one ending 2 5 6 without a repeat walks the corpus
+    (40 41 42 43, then the answer ends); the one still prefilling keeps the head's drafts."""
+    import json
+    from types import SimpleNamespace
+
+    from peagle_vllm.vllm_adapter.v2.step import StepInputs
+
+    (tmp_path / "answers.jsonl").write_text(json.dumps({"prompt_ids": [2], "response_ids": [5, 6, 40, 41, 42, 43]}))
+    s = _speculator(make_spec, build_draft_model, vllm_env, "depth",
+                    speculator_options={"prompt_lookup_max": 3, "lookup_corpus": str(tmp_path)})
+    assert s.corpus is not None and s.corpus.min_n == 3
+    tokens = torch.zeros(s.max_num_reqs, 16, dtype=torch.int32)
+    texts = {2: [2, 5, 6, 7, 9, 2, 5, 6], 0: [1, 2, 5, 6], 1: [2, 5, 6]}  # by request slot
+    for slot, text in texts.items():
+        tokens[slot, :len(text)] = torch.tensor(text, dtype=torch.int32)
+    lengths = torch.zeros(s.max_num_reqs, dtype=torch.int32)
+    lengths[list(texts)] = torch.tensor([len(t) for t in texts.values()], dtype=torch.int32)
+    rows = torch.tensor([2, 0, 1])
+    s.prepare_propose(SimpleNamespace(idx_mapping=rows), torch.tensor([1, 1, 0]), torch.zeros(3, dtype=torch.long),
+                      SimpleNamespace(req_states=SimpleNamespace(all_token_ids=SimpleNamespace(gpu=tokens),
+                                                                 total_len=SimpleNamespace(gpu=lengths))))
+    none = torch.zeros(0)
+    inputs = StepInputs(none, none, none, none, num_sampled=torch.tensor([1, 1, 0]), num_rejected=none,
+                        idx_mapping=rows, last_sampled=none, next_prefill_tokens=none,
+                        temperature=torch.zeros(s.max_num_reqs))
+    drafts, looked_up = s._with_lookups(torch.full((3, 6), 99), inputs)
+    assert drafts.tolist() == [[7, 9, 2, 5, 6, 99], [40, 41, 42, 43, 99, 99], [99] * 6]
+    assert looked_up.sum(1).tolist() == [5, 4, 0] and int(s.metrics.lookup_drafts) == 9

@@ -17,18 +17,19 @@ Rules:
   auxiliary hidden states, and the prefix-cache trailing-block drop, since a context row's draft KV depends on
   the next token); `parallel_drafting = True` tells code outside the speculator that all K drafts come from one
   forward.
-- prompt lookup (prompt_lookup_max/min) runs on the device, in the speculator (`batch_lookup`), and asks vLLM for
-  the requests' token history in device memory rather than host memory mapped for the device
-  (`prefer_dense_token_history`), as vLLM's own n-gram drafting does.
+- prompt and corpus lookup (prompt_lookup_max/min, lookup_corpus) run on the device, in the speculator
+  (`batch_lookup`, `corpus_trie`), and ask vLLM for the requests' token history in device memory rather than host
+  memory mapped for the device (`prefer_dense_token_history`), as vLLM's own n-gram drafting does.
 - refused: lossy acceptance (verifier_accept_k > 1 with accept_tolerance > 0: vLLM's own rejection sampler
-  verifies here), corpus lookup and head_depth (they need the V1 scheduler hook), data parallelism, and draft
-  decode context parallelism.
+  verifies here), head_depth (V2 gives every request of a step the same K, so the depths past the head's could
+  not be left undrafted), data parallelism, and draft decode context parallelism.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vllm.v1.worker.gpu.spec_decode.speculator_config import DraftModelSpeculatorConfig
@@ -36,6 +37,7 @@ from vllm.v1.worker.gpu.spec_decode.speculator_config import DraftModelSpeculato
 from peagle_vllm.checkpoint import read_head_config, read_tensors, validate_weights
 from peagle_vllm.config import (METHOD, OWN_KEYS, PEagleConfigError, PEagleOptions, check_head_fits_target,
                                 split_p_eagle_config)
+from peagle_vllm.corpus_lookup import CorpusError, read_answers
 from peagle_vllm.head import HeadConfig
 from peagle_vllm.vllm_adapter.log import LOGGER_NAME
 from peagle_vllm.vllm_adapter.v2.hf_config import CONFIG_FORMAT, head_of
@@ -91,11 +93,10 @@ def refuse_conflicting_fields(spec: SpeculativeConfig, options: PEagleOptions) -
         raise PEagleConfigError(f"{_field('accept_tolerance', own=True)} > 0 with verifier_accept_k > 1 (lossy "
                                 "acceptance) needs p_eagle's own sampler, which vLLM 0.34's V2 runner does not run: "
                                 "drop both keys (or use vLLM 0.32/0.33)")
-    for name in ("lookup_corpus", "head_depth"):
-        if getattr(options, name) is not None:
-            raise PEagleConfigError(f"{_field(name, own=True)}: corpus lookup and head_depth need the drafts to pass "
-                                    "p_eagle's scheduler hook, which vLLM 0.34's V2 runner does not have: drop "
-                                    "lookup_corpus and head_depth (prompt lookup runs here), or use vLLM 0.32/0.33")
+    if options.head_depth is not None:
+        raise PEagleConfigError(f"{_field('head_depth', own=True)} needs each request's K set by p_eagle's scheduler "
+                                "hook, which vLLM 0.34's V2 runner does not have (every request of a step verifies "
+                                "the same K): drop head_depth, or use vLLM 0.32/0.33")
     method = spec.rejection_sample_method
     if method not in ("standard", REJECTION_METHOD[options.verify]):
         raise PEagleConfigError(f"{_field('rejection_sample_method')} is {method!r}: p_eagle verifies losslessly "
@@ -132,6 +133,17 @@ def checked_head(spec: SpeculativeConfig, options: PEagleOptions) -> tuple[HeadC
     return head, k
 
 
+def check_corpus(spec: SpeculativeConfig, options: PEagleOptions) -> None:
+    """The lookup corpus is read once here, so that a bad one is one line before any worker starts."""
+    if options.lookup_corpus is None:
+        return
+    target = spec.target_model_config
+    try:
+        read_answers(Path(options.lookup_corpus), target.get_vocab_size() if target is not None else None)
+    except CorpusError as exc:
+        raise PEagleConfigError(f"{_field('lookup_corpus', own=True)}: {exc}") from None
+
+
 class PEagleSpeculatorConfig(DraftModelSpeculatorConfig):
     """p_eagle on vLLM 0.34's V2 model runner (see the module docstring for the rules)."""
 
@@ -156,6 +168,7 @@ class PEagleSpeculatorConfig(DraftModelSpeculatorConfig):
         options = options_of(spec)
         refuse_conflicting_fields(spec, options)
         head, k = checked_head(spec, options)
+        check_corpus(spec, options)
         spec.model = os.path.abspath(os.path.expanduser(options.model))
         spec.num_speculative_tokens = k
         spec.prompt_lookup_max = spec.prompt_lookup_min = 0
@@ -193,8 +206,8 @@ class PEagleSpeculatorConfig(DraftModelSpeculatorConfig):
 
     @property
     def prefer_dense_token_history(self) -> bool:
-        """Prompt lookup scans the requests' tokens every step: vLLM keeps them in device memory then."""
-        return options_of(self.spec_config).prompt_lookup_max is not None
+        """Prompt and corpus lookup read the requests' tokens every step: vLLM keeps them in device memory then."""
+        return options_of(self.spec_config).looks_up
 
     @property
     def num_lookahead_tokens(self) -> int:

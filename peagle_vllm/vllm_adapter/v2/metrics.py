@@ -7,7 +7,7 @@ Rules:
 - Counts stay on the device (no sync per step); every WINDOW steps they are read once and fed, step by step,
   into the core's `AcceptanceMonitor` (block acceptance over the last WINDOW steps, warning below
   `acceptance_warn_below`), and a `p_eagle metrics:` line is logged with the per-position acceptance (and, with
-  prompt lookup on, the drafts it gave so far).
+  a lookup on, the drafts the lookups gave so far).
 - What V2 lacks: a way to carry a worker's own figures to the API server. vLLM's own spec-decode counters
   (`vllm:spec_decode_*`) still count (the scheduler computes them), but our `peagle:*` Prometheus series are
   not served on 0.34; these figures reach the log only.
@@ -34,12 +34,12 @@ class VerificationCounts:
         self.steps = torch.zeros(window, 3, dtype=torch.long, device=device)  # drafting requests, drafted, accepted
         self.accepted_per_position = torch.zeros(k, dtype=torch.long, device=device)
         self.drafted_per_position = torch.zeros(k, dtype=torch.long, device=device)
-        self.lookup_drafts = torch.zeros((), dtype=torch.long, device=device)  # drafts prompt lookup gave, so far
+        self.lookup_drafts = torch.zeros((), dtype=torch.long, device=device)  # drafts the lookups gave, so far
         self.num_steps = 0
         self.last_window_rate: float | None = None
 
     def count_lookup(self, taken: torch.Tensor) -> None:
-        """taken [B, k] bool: the drafts prompt lookup gave this step (`batch_lookup.lookup_first`)."""
+        """taken [B, k] bool: the drafts a lookup gave this step (`batch_lookup.lookup_first`)."""
         self.lookup_drafts += taken.sum()
 
     def observe(self, num_sampled: torch.Tensor, num_rejected: torch.Tensor) -> None:
@@ -71,4 +71,4 @@ class VerificationCounts:
         logger.info("p_eagle metrics: block acceptance %.1f%% over the last %d steps, acceptance length %.2f, "
                     "acceptance by position %s%s", 100 * figures.window_rate, len(self.monitor.window),
                     figures.acceptance_length, per_position,
-                    f"; drafts from prompt lookup so far: {looked_up}" if looked_up else "")
+                    f"; drafts from lookups so far: {looked_up}" if looked_up else "")

@@ -21,9 +21,10 @@ missing from V2's and the core's verifier does not run here (V2 also gives a spe
 runner's rejection sampler). Lossless as long as the cached logits are the ones the drafts were drawn from:
 `drafts` rounds them to the cache's dtype before sampling.
 
-With `prompt_lookup_max` set, a request's drafts come from its own text where it repeats, the head's past them
-(`batch_lookup`, on the device, from the runner's token history); a looked-up draft's cached row is one-hot, so
-sampled requests verify it losslessly too.
+With `prompt_lookup_max` set, a request's drafts come from its own text where it repeats, and with `lookup_corpus`
+from the corpus where its text does not (`batch_lookup`, `corpus_trie`: on the device, from the runner's token
+history); the head's drafts follow them. A looked-up draft's cached row is one-hot, so sampled requests verify it
+losslessly too.
 
 Reused from V2: `DraftModelSpeculator` (buffers, draft KV groups, `DraftLogitsCache`, attention-metadata
 building over the draft's block tables), `get_model` with our registered architecture, vLLM's embedding
@@ -39,6 +40,8 @@ sharing. Ours: the row layout, context K/V, the mask states, sampling. Not done 
 from __future__ import annotations
 
 import logging
+import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,6 +55,8 @@ from vllm.v1.worker.gpu.input_batch import InputBatch
 from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
 
 from peagle_vllm import batch_lookup
+from peagle_vllm.corpus_lookup import CorpusLookup, read_answers
+from peagle_vllm.corpus_trie import CorpusTrie
 from peagle_vllm.vllm_adapter.log import LOGGER_NAME
 from peagle_vllm.vllm_adapter.v2 import drafts, layout
 from peagle_vllm.vllm_adapter.v2.config import options_of
@@ -80,7 +85,8 @@ class PEagleSpeculator(DraftModelSpeculator):
         self._group_id = -1
         self._cut: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)  # top_k, top_p [max_reqs]
         self.lookup = self.options.prompt_lookup  # drafts from each request's own text too; None: off
-        self._history = None  # the runner's RequestState: each request slot's tokens (prompt lookup reads them)
+        self.corpus = _corpus_trie(self.options.lookup_corpus, device)  # ... and from answers the target wrote
+        self._history = None  # the runner's RequestState: each request slot's tokens (the lookups read them)
 
     # --- loading -----------------------------------------------------------------------------------------
 
@@ -212,8 +218,8 @@ class PEagleSpeculator(DraftModelSpeculator):
         self.num_proposals += 1
         self.num_bad_rows += step.num_bad_rows
         tokens, looked_up = step.tokens, None
-        if self.lookup is not None and self._history is not None and writes:
-            tokens, looked_up = self._with_prompt_lookup(tokens, inputs)
+        if (self.lookup is not None or self.corpus is not None) and self._history is not None and writes:
+            tokens, looked_up = self._with_lookups(tokens, inputs)
         if cache is not None and writes:
             drafts.cache_draft_logits(cache.values, inputs.idx_mapping, step.rounded_logits, self._draft_to_target,
                                       looked_up, tokens)
@@ -221,15 +227,22 @@ class PEagleSpeculator(DraftModelSpeculator):
         self.draft_tokens[:b, k:] = -1
         return self.draft_tokens[:b]
 
-    def _with_prompt_lookup(self, head_drafts: torch.Tensor,  # [num_reqs, k] target ids
-                            inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """([num_reqs, k] drafts, [num_reqs, k] bool: which a lookup gave): a request's prompt-lookup continuation
-        at its first depths, the head's drafts past them (`batch_lookup`), greedy and sampled requests alike (the
-        cache then holds a one-hot row for each looked-up draft: `drafts`); requests still in prefill keep the
-        head's. The runner wrote this step's sampled tokens into the token history before `propose`."""
-        history, rows = self._history, inputs.idx_mapping
-        continuations, found = batch_lookup.prompt_lookup(history.all_token_ids.gpu, rows, history.total_len.gpu,
-                                                          head_drafts.shape[1], self.lookup.min_n, self.lookup.max_n)
+    def _with_lookups(self, head_drafts: torch.Tensor,  # [num_reqs, k] target ids
+                      inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """([num_reqs, k] drafts, [num_reqs, k] bool: which a lookup gave): a request's prompt-lookup continuation,
+        else its corpus walk, at its first depths, the head's drafts past them (`batch_lookup`), greedy and sampled
+        requests alike (the cache then holds a one-hot row for each looked-up draft: `drafts`); requests still in
+        prefill keep the head's. The runner wrote this step's sampled tokens into the token history before
+        `propose`."""
+        tokens, lengths = self._history.all_token_ids.gpu, self._history.total_len.gpu  # [R, L], [R]
+        rows, k = inputs.idx_mapping, head_drafts.shape[1]
+        tried = []  # (continuations [num_reqs, k], found [num_reqs]) of each lookup, in the order they are tried
+        if self.lookup is not None:
+            tried.append(batch_lookup.prompt_lookup(tokens, rows, lengths, k, self.lookup.min_n, self.lookup.max_n))
+        if self.corpus is not None:
+            tail = batch_lookup.last_tokens(tokens, rows, lengths, self.corpus.max_n)  # [num_reqs, max_n]
+            tried.append(self.corpus.continuation(tail, k))
+        continuations, found = batch_lookup.first_found(*tried)
         drafts, taken = batch_lookup.lookup_first(head_drafts, continuations, found, inputs.num_sampled > 0)
         self.metrics.count_lookup(taken)
         return drafts, taken
@@ -289,3 +302,15 @@ class PEagleSpeculator(DraftModelSpeculator):
     def num_bad_draft_rows(self) -> int:
         """Draft rows whose logits were NaN/Inf so far (one sync)."""
         return int(self.num_bad_rows)
+
+
+def _corpus_trie(path: str | None, device: torch.device) -> CorpusTrie | None:
+    """The lookup corpus as a trie in device memory (`corpus_trie`); None where `lookup_corpus` is not set."""
+    if path is None:
+        return None
+    start = time.perf_counter()
+    lookup = CorpusLookup(read_answers(Path(path)))
+    trie = CorpusTrie.of(lookup).to(device)
+    logger.info("p_eagle: lookup corpus %s: %d answers, %d tokens, a trie of %.0f MiB built in %.1f s", path,
+                lookup.answers, lookup.tokens, trie.nbytes / 2**20, time.perf_counter() - start)
+    return trie

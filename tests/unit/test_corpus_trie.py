@@ -1,0 +1,100 @@
+"""`corpus_trie`: the batch's corpus walk in tensor ops gives what `corpus_lookup.CorpusLookup` gives one request at
+a time, reading no tensor data back to the host."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from peagle_vllm.corpus_lookup import SAMPLED_AT_MOST, CorpusLookup
+from peagle_vllm.corpus_trie import CorpusTrie, TrieLevel
+from peagle_vllm.harness.fake_tensors import on_fake
+
+
+def _tails(texts: list[np.ndarray], width: int) -> torch.Tensor:
+    """[B, width] each text's last tokens, nearest first, -1 past its start."""
+    tail = torch.full((len(texts), width), -1, dtype=torch.long)
+    for b, text in enumerate(texts):
+        last = text[::-1][:width].copy()
+        tail[b, :len(last)] = torch.from_numpy(last)
+    return tail
+
+
+def _answers(rng: np.random.Generator, vocab: int, count: int, offset: int = 0) -> list[tuple[list[int], list[int]]]:
+    """Answers over a few tokens (contexts repeat, many with several next tokens), a prompt tail before each."""
+    return [((offset + rng.integers(0, vocab, rng.integers(0, 10))).tolist(),
+             (offset + rng.integers(0, vocab, rng.integers(1, 40))).tolist()) for _ in range(count)]
+
+
+@pytest.mark.parametrize("vocab,count,offset", [(3, 60, 0), (6, 400, 0), (40, 400, 0), (4, 200, 70_000)])
+def test_each_requests_drafts_are_the_corpus_walks(vocab: int, count: int, offset: int) -> None:
+    rng = np.random.default_rng(vocab * count)
+    answers = _answers(rng, vocab, count, offset)
+    for min_n, min_prob in ((1, 0.2), (2, 0.5), (3, 0.05)):
+        lookup = CorpusLookup(answers, min_n=min_n, min_prob=min_prob)
+        trie = CorpusTrie.of(lookup)
+        assert lookup.max_n == (6 if offset else 8) and trie.max_n <= lookup.max_n  # (levels past it empty)
+        texts = [offset + rng.integers(0, vocab, rng.integers(1, 14)) for _ in range(300)]
+        texts += [np.asarray((tail + answer)[:rng.integers(1, len(tail + answer) + 1)])
+                  for tail, answer in answers[:100]]
+        k = int(rng.integers(1, 9))
+        drafts, found = trie.continuation(_tails(texts, trie.max_n), k)
+        assert drafts.shape == (len(texts), k) and drafts.dtype == found.dtype == torch.long
+        lengths = []
+        for b, text in enumerate(texts):
+            expected = lookup.continuation(text, k).tolist()
+            assert drafts[b, :found[b]].tolist() == expected, (text.tolist(), min_n, min_prob)
+            assert not drafts[b, found[b]:].any()
+            lengths.append(len(expected))
+        assert sum(map(bool, lengths)) > 50 and max(lengths) > 1, "too few walks to test"
+
+
+def test_contexts_seen_thousands_of_times_count_the_lookups_sample() -> None:
+    """Short contexts over two tokens occur more than 2 x SAMPLED_AT_MOST times: counted over CorpusLookup's
+    evenly spaced sample, whose frequencies differ from the full counts."""
+    rng = np.random.default_rng(5)
+    answers = [([], rng.choice(2, size=50, p=[0.7, 0.3]).tolist()) for _ in range(400)]
+    lookup = CorpusLookup(answers, min_n=1, min_prob=0.0)
+    trie = CorpusTrie.of(lookup)
+    assert len(trie.levels[0].keys) == 2 and lookup.tokens > 4 * SAMPLED_AT_MOST * 2
+    texts = [rng.integers(0, 2, rng.integers(1, 6)) for _ in range(100)]
+    drafts, found = trie.continuation(_tails(texts, trie.max_n), 3)
+    for b, text in enumerate(texts):
+        assert drafts[b, :found[b]].tolist() == lookup.continuation(text, 3).tolist()
+    sampled = trie.levels[0].frequency.tolist()  # the 1-token contexts 0 and 1: each sampled
+    full = [np.mean([a[i + 1] == t for _, a in answers for i in range(49) if a[i] == c]) for c, t in
+            zip((0, 1), trie.levels[0].next_tokens.tolist())]
+    assert sampled != pytest.approx(full, abs=1e-9)
+
+
+def test_a_context_with_one_next_token_has_no_children() -> None:
+    """After [1, 2] the corpus always has 3, so the trie keeps no longer context ending in [1, 2], and a walk from
+    any text ending in it still drafts 3 (frequency 1), then what follows [..., 1, 2, 3]."""
+    lookup = CorpusLookup([([], [7, 1, 2, 3, 4]), ([], [8, 1, 2, 3, 5]), ([], [9, 9, 1, 2, 3, 4])], min_n=2)
+    trie = CorpusTrie.of(lookup)
+    rank = 0  # the node of the context [1, 2]: token 2 in level 1, then 1 in level 2 (ids + 1 in the keys)
+    for level, token in zip(trie.levels, (2, 1)):
+        rank = int(torch.searchsorted(level.keys, torch.tensor((rank << trie.bits) | (token + 1))))
+    assert level.frequency[rank] == 1 and level.next_tokens[rank] == 3
+    assert rank not in (trie.levels[2].keys >> trie.bits).tolist()  # no level-3 node below it
+    drafts, found = trie.continuation(_tails([np.array([6, 6, 1, 2])], trie.max_n), 3)
+    assert drafts[0, :found[0]].tolist() == lookup.continuation(np.array([6, 6, 1, 2]), 3).tolist() == [3, 4]
+
+
+def test_the_walk_reads_nothing_back_to_the_host() -> None:
+    rng = np.random.default_rng(0)
+    trie = CorpusTrie.of(CorpusLookup(_answers(rng, 5, 50), min_n=2))
+    mode = FakeTensorMode()
+    fake = CorpusTrie([TrieLevel(*(mode.from_tensor(t) for t in vars(level).values())) for level in trie.levels],
+                      trie.bits, trie.min_n, trie.min_prob)
+    drafts, found = on_fake(fake.continuation, torch.randint(-1, 5, (3, trie.max_n)), 4, mode=mode)
+    assert drafts.shape == (3, 4) and found.shape == (3,)
+
+
+def test_texts_the_corpus_never_continues_find_nothing() -> None:
+    trie = CorpusTrie.of(CorpusLookup([([], [1, 2, 3])], min_n=3))
+    texts = [np.array([5]), np.array([1, 2]), np.array([4, 1, 2]), np.array([3, 2])]  # [1, 2] needs its start
+    drafts, found = trie.continuation(_tails(texts, trie.max_n), 2)
+    assert found.tolist() == [0, 0, 0, 0] and not drafts.any()
