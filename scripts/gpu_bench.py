@@ -2,7 +2,8 @@
 model files (random weights). One decode step of the P-EAGLE head (K query slots over a cached context,
 ONE forward) vs sequential EAGLE-3 drafting (K forwards of one slot), and the verifier at B x K,
 each beside its roofline floor (bytes moved / bandwidth, FLOPs / peak); then the batch prompt lookup of vLLM 0.34's
-adapter (`peagle_vllm/batch_lookup.py`) over token histories of max_model_len tokens.
+adapter (`peagle_vllm/batch_lookup.py`) over token histories of max_model_len tokens, and its corpus walk
+(`peagle_vllm/corpus_trie.py`) over a trie of SmolLM2's corpus (`datasets/smollm2`), eager as the adapter runs it.
 
     python scripts/gpu_bench.py                 # H100/H200-sized defaults, CUDA graphs
     python scripts/gpu_bench.py --device cpu --hidden 256 --vocab 4096 --draft-vocab 2048 --batches 1 4 --context 256
@@ -27,8 +28,11 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 from peagle_vllm.batch_lookup import prompt_lookup  # noqa: E402
+from peagle_vllm.corpus_lookup import CorpusLookup, read_answers  # noqa: E402
+from peagle_vllm.corpus_trie import CorpusTrie  # noqa: E402
 from peagle_vllm.head import HeadConfig, PEagleHead, rotary  # noqa: E402
 from peagle_vllm.verify import target_probs, verify  # noqa: E402
 
@@ -150,6 +154,9 @@ def main() -> None:
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--lookup-lengths", type=int, nargs="*", default=[8192, 32768, 131072],
                    help="max_model_len values for the batch prompt lookup's timing (vLLM 0.34's token history width)")
+    p.add_argument("--corpus", type=Path, default=REPO / "datasets" / "smollm2",
+                   help="answers (`peagle-vllm distill` output) for the corpus walk's timing")
+    p.add_argument("--corpus-ks", type=int, nargs="*", default=[4, 8])
     args = p.parse_args()
     dev = args.device
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
@@ -197,6 +204,23 @@ def main() -> None:
                 rows, lengths = torch.arange(b, device=dev), torch.full((b,), width, device=dev)
                 t = timed(lambda: prompt_lookup(history, rows, lengths, 8, 2, 5), dev, False)
                 print(f"| {b} | {width} | {t * 1e3:.3f} |")
+        answers = read_answers(args.corpus)
+        lookup = CorpusLookup(answers)
+        trie = CorpusTrie.of(lookup).to(dev)
+        print(f"\n| batch | K | corpus walk ms ({lookup.tokens} tokens, {trie.nbytes / 2**20:.0f} MiB; each request "
+              "at a random point of an answer) |\n|---|---|---|")
+        generator = torch.Generator().manual_seed(0)
+        for b in args.batches:
+            tail = torch.full((b, trie.max_n), -1, dtype=torch.long)
+            for row in range(b):
+                prompt, answer = answers[int(torch.randint(len(answers), (1,), generator=generator))]
+                text = (prompt + answer)[: int(torch.randint(1, len(prompt + answer) + 1, (1,), generator=generator))]
+                last = text[::-1][: trie.max_n]
+                tail[row, : len(last)] = torch.tensor(last)
+            tail = tail.to(dev)
+            for k in args.corpus_ks:
+                t = timed(lambda: trie.continuation(tail, k), dev, False)
+                print(f"| {b} | {k} | {t * 1e3:.3f} |")
 
 
 def engine_main(argv: list[str]) -> None:

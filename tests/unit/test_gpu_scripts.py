@@ -19,13 +19,16 @@ def _run(script: str, *args: str) -> str:
     return done.stdout
 
 
-def test_gpu_bench_prints_its_three_tables() -> None:
+def test_gpu_bench_prints_its_four_tables(tmp_path: Path) -> None:
+    answers = [{"prompt_ids": [1, 2], "response_ids": [3, 4, 5, 3, 4, 6]}, {"prompt_ids": [2], "response_ids": [3, 4]}]
+    (tmp_path / "answers.jsonl").write_text("".join(json.dumps(a) + "\n" for a in answers))
     out = _run("gpu_bench.py", *SMALL, "--vocab", "4096", "--heads", "2", "--kv-heads", "1", "--batches", "1", "2",
-               "--ks", "1", "4", "--lookup-lengths", "256", "1024")
+               "--ks", "1", "4", "--lookup-lengths", "256", "1024", "--corpus", str(tmp_path), "--corpus-ks", "4")
     rows = [line for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
-    # batch x K drafting rows, one verify row per batch, then batch x history length prompt lookup rows
-    assert len(rows) == 2 * 2 + 2 + 2 * 2, out
-    assert rows[-1].startswith("| 2 | 1024 | ")
+    # batch x K drafting rows, one verify row per batch, batch x history length prompt lookup rows, then batch x K
+    # corpus walk rows
+    assert len(rows) == 2 * 2 + 2 + 2 * 2 + 2, out
+    assert rows[-3].startswith("| 2 | 1024 | ") and rows[-1].startswith("| 2 | 4 | ")
 
 
 def test_gpu_core_check_reports_every_check(tmp_path: Path) -> None:
