@@ -5,7 +5,7 @@ Rules, the same as `lookup.PromptLookup`'s for one request: the longest suffix n
 (min_n <= n <= max_n) that occurred earlier in them wins, at its latest earlier occurrence, and the tokens that
 followed it are the drafts. `lookup_first` puts them at the first depths and keeps the head's drafts past them:
 `lookup.chain` asked once (the lookup is not asked again past the head's drafts, which would take a scan a depth).
-Where prompt lookup finds nothing, corpus lookup may (`corpus_trie`, reading `last_tokens`; `first_found`).
+Where prompt lookup finds nothing, corpus lookup may (`corpus_table`, reading `last_tokens`; `first_found`).
 """
 
 from __future__ import annotations

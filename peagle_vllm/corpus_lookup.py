@@ -75,9 +75,11 @@ class CorpusLookup:
         """[N] the answer token after each index row (rows sorted by the tokens before it, nearest first)."""
         return self._next
 
-    def token_back(self, n: int) -> np.ndarray:
-        """[N] uint64: each index row's n-th token back (1: the nearest), as id + 1; 0 before its context."""
+    def token_back(self, n: int, rows: np.ndarray | None = None) -> np.ndarray:
+        """[N] (or [len(rows)]) uint64: each index row's n-th token back (1: the nearest), as id + 1; 0 before its
+        context."""
         column = self._first if n <= self.per_word else self._second
+        column = column if rows is None else column[rows]
         shift = np.uint64(self.bits * (self.per_word - 1 - (n - 1) % self.per_word))
         return (column >> shift) & np.uint64((1 << self.bits) - 1)
 

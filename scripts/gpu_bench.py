@@ -3,7 +3,7 @@ model files (random weights). One decode step of the P-EAGLE head (K query slots
 ONE forward) vs sequential EAGLE-3 drafting (K forwards of one slot), and the verifier at B x K,
 each beside its roofline floor (bytes moved / bandwidth, FLOPs / peak); then the batch prompt lookup of vLLM 0.34's
 adapter (`peagle_vllm/batch_lookup.py`) over token histories of max_model_len tokens, and its corpus walk
-(`peagle_vllm/corpus_trie.py`) over a trie of SmolLM2's corpus (`datasets/smollm2`), eager as the adapter runs it.
+(`peagle_vllm/corpus_table.py`) over a table of SmolLM2's corpus (`datasets/smollm2`), eager as the adapter runs it.
 
     python scripts/gpu_bench.py                 # H100/H200-sized defaults, CUDA graphs
     python scripts/gpu_bench.py --device cpu --hidden 256 --vocab 4096 --draft-vocab 2048 --batches 1 4 --context 256
@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from peagle_vllm.batch_lookup import prompt_lookup  # noqa: E402
 from peagle_vllm.corpus_lookup import CorpusLookup, read_answers  # noqa: E402
-from peagle_vllm.corpus_trie import CorpusTrie  # noqa: E402
+from peagle_vllm.corpus_table import CorpusTable  # noqa: E402
 from peagle_vllm.head import HeadConfig, PEagleHead, rotary  # noqa: E402
 from peagle_vllm.verify import target_probs, verify  # noqa: E402
 
@@ -206,20 +206,20 @@ def main() -> None:
                 print(f"| {b} | {width} | {t * 1e3:.3f} |")
         answers = read_answers(args.corpus)
         lookup = CorpusLookup(answers)
-        trie = CorpusTrie.of(lookup).to(dev)
-        print(f"\n| batch | K | corpus walk ms ({lookup.tokens} tokens, {trie.nbytes / 2**20:.0f} MiB; each request "
+        table = CorpusTable.of(lookup).to(dev)
+        print(f"\n| batch | K | corpus walk ms ({lookup.tokens} tokens, {table.nbytes / 2**20:.0f} MiB; each request "
               "at a random point of an answer) |\n|---|---|---|")
         generator = torch.Generator().manual_seed(0)
         for b in args.batches:
-            tail = torch.full((b, trie.max_n), -1, dtype=torch.long)
+            tail = torch.full((b, table.max_n), -1, dtype=torch.long)
             for row in range(b):
                 prompt, answer = answers[int(torch.randint(len(answers), (1,), generator=generator))]
                 text = (prompt + answer)[: int(torch.randint(1, len(prompt + answer) + 1, (1,), generator=generator))]
-                last = text[::-1][: trie.max_n]
+                last = text[::-1][: table.max_n]
                 tail[row, : len(last)] = torch.tensor(last)
             tail = tail.to(dev)
             for k in args.corpus_ks:
-                t = timed(lambda: trie.continuation(tail, k), dev, False)
+                t = timed(lambda: table.continuation(tail, k), dev, False)
                 print(f"| {b} | {k} | {t * 1e3:.3f} |")
 
 

@@ -23,7 +23,7 @@ pytest.importorskip("vllm", minversion="0.34", reason="the V2 adapter needs vLLM
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 from peagle_vllm.corpus_lookup import CorpusLookup  # noqa: E402
-from peagle_vllm.corpus_trie import CorpusTrie, TrieLevel  # noqa: E402
+from peagle_vllm.corpus_table import CorpusTable  # noqa: E402
 from peagle_vllm.harness.fake_tensors import HOST_READS, on_fake  # noqa: E402
 from peagle_vllm.lookup import PromptLookup  # noqa: E402
 
@@ -203,16 +203,15 @@ def test_speculator_propose_and_observe(make_spec, build_draft_model, vllm_env, 
     vLLM's KV-cache write kernel, and no attention metadata (`_query_attention` builds vLLM's from the runner's
     block tables), so vLLM's attention layer computes nothing, as in its dummy runs. A two-layer head runs its
     context forward instead of the 1-layer K/V store. With lookups on, a real step also scans the runner's token
-    history (`batch_lookup`) and walks the corpus's trie (`corpus_trie`)."""
+    history (`batch_lookup`) and walks the corpus's table (`corpus_table`)."""
     from vllm.config import set_current_vllm_config
     from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
     from vllm.v1.worker.gpu.spec_decode.draft_logits import DraftLogitsCache
 
     mode, b, n = FakeTensorMode(), 3, 12
     model = build_draft_model(make_spec(name, num_speculative_tokens=K))
-    trie = CorpusTrie.of(CorpusLookup([([1, 2], [3, 4, 5, 3, 4, 6])]))
-    corpus = CorpusTrie([TrieLevel(*map(mode.from_tensor, vars(level).values())) for level in trie.levels], trie.bits,
-                        trie.min_n, trie.min_prob)
+    table = CorpusTable.of(CorpusLookup([([1, 2], [3, 4, 5, 3, 4, 6])]))
+    corpus = table.with_tensors(*map(mode.from_tensor, table.tensors))
     with set_current_vllm_config(vllm_env), torch.no_grad(), torch.compiler.set_stance("force_eager"):
         s = _fake_speculator(model, vllm_env, mode)
         writes = []

@@ -18,7 +18,7 @@ Rules:
   the next token); `parallel_drafting = True` tells code outside the speculator that all K drafts come from one
   forward.
 - prompt and corpus lookup (prompt_lookup_max/min, lookup_corpus) run on the device, in the speculator
-  (`batch_lookup`, `corpus_trie`), and ask vLLM for the requests' token history in device memory rather than host
+  (`batch_lookup`, `corpus_table`), and ask vLLM for the requests' token history in device memory rather than host
   memory mapped for the device (`prefer_dense_token_history`), as vLLM's own n-gram drafting does.
 - refused: lossy acceptance (verifier_accept_k > 1 with accept_tolerance > 0: vLLM's own rejection sampler
   verifies here), head_depth (V2 gives every request of a step the same K, so the depths past the head's could

@@ -22,7 +22,7 @@ runner's rejection sampler). Lossless as long as the cached logits are the ones 
 `drafts` rounds them to the cache's dtype before sampling.
 
 With `prompt_lookup_max` set, a request's drafts come from its own text where it repeats, and with `lookup_corpus`
-from the corpus where its text does not (`batch_lookup`, `corpus_trie`: on the device, from the runner's token
+from the corpus where its text does not (`batch_lookup`, `corpus_table`: on the device, from the runner's token
 history); the head's drafts follow them. A looked-up draft's cached row is one-hot, so sampled requests verify it
 losslessly too.
 
@@ -56,7 +56,7 @@ from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
 
 from peagle_vllm import batch_lookup
 from peagle_vllm.corpus_lookup import CorpusLookup, read_answers
-from peagle_vllm.corpus_trie import CorpusTrie
+from peagle_vllm.corpus_table import CorpusTable
 from peagle_vllm.vllm_adapter.log import LOGGER_NAME
 from peagle_vllm.vllm_adapter.v2 import drafts, layout
 from peagle_vllm.vllm_adapter.v2.config import options_of
@@ -85,7 +85,7 @@ class PEagleSpeculator(DraftModelSpeculator):
         self._group_id = -1
         self._cut: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)  # top_k, top_p [max_reqs]
         self.lookup = self.options.prompt_lookup  # drafts from each request's own text too; None: off
-        self.corpus = _corpus_trie(self.options.lookup_corpus, device)  # ... and from answers the target wrote
+        self.corpus = _corpus_table(self.options.lookup_corpus, device)  # ... and from answers the target wrote
         self._history = None  # the runner's RequestState: each request slot's tokens (the lookups read them)
 
     # --- loading -----------------------------------------------------------------------------------------
@@ -304,13 +304,13 @@ class PEagleSpeculator(DraftModelSpeculator):
         return int(self.num_bad_rows)
 
 
-def _corpus_trie(path: str | None, device: torch.device) -> CorpusTrie | None:
-    """The lookup corpus as a trie in device memory (`corpus_trie`); None where `lookup_corpus` is not set."""
+def _corpus_table(path: str | None, device: torch.device) -> CorpusTable | None:
+    """The lookup corpus as a table in device memory (`corpus_table`); None where `lookup_corpus` is not set."""
     if path is None:
         return None
     start = time.perf_counter()
     lookup = CorpusLookup(read_answers(Path(path)))
-    trie = CorpusTrie.of(lookup).to(device)
-    logger.info("p_eagle: lookup corpus %s: %d answers, %d tokens, a trie of %.0f MiB built in %.1f s", path,
-                lookup.answers, lookup.tokens, trie.nbytes / 2**20, time.perf_counter() - start)
-    return trie
+    table = CorpusTable.of(lookup).to(device)
+    logger.info("p_eagle: lookup corpus %s: %d answers, %d tokens, a table of %.0f MiB built in %.1f s", path,
+                lookup.answers, lookup.tokens, table.nbytes / 2**20, time.perf_counter() - start)
+    return table
