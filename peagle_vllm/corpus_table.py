@@ -79,7 +79,7 @@ class CorpusTable:
         for n in range(1, lookup.max_n + 1):
             token = lookup.token_back(n).astype(np.int64)  # [N] id + 1; 0: before the answer's context
             starts_node[1:] |= token[1:] != token[:-1]
-            inside &= token != 0  # a request's text is never shorter than its context
+            inside &= token != 0  # a context reaching past an answer's context tail never matches a request's text
             if n < lookup.min_n:
                 continue
             first = np.flatnonzero(starts_node)
@@ -89,8 +89,8 @@ class CorpusTable:
                 break
             rows = np.flatnonzero(inside)  # the kept contexts' rows, one context after another
             answer = _most_frequent(follows, rows, first, counts)
-            context = np.stack([lookup.token_back(j, first) for j in range(1, n + 1)], axis=1).astype(np.int64)
-            hashes.append(context_hashes(torch.from_numpy(context), multipliers)[:, -1])  # [M] of the contexts of n tokens
+            context = np.stack([lookup.token_back(j, first) for j in range(1, n + 1)], axis=1)  # [M, n]
+            hashes.append(context_hashes(torch.from_numpy(context.astype(np.int64)), multipliers)[:, -1])  # [M]
             next_tokens.append(torch.from_numpy(answer[0]))
             frequency.append(torch.from_numpy(answer[1]))
             low, high = (f.reduceat(follows[rows], np.cumsum(counts) - counts) for f in (np.minimum, np.maximum))
