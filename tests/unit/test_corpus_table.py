@@ -3,12 +3,14 @@ a time, reading no tensor data back to the host."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from peagle_vllm.corpus_lookup import SAMPLED_AT_MOST, CorpusLookup
+from peagle_vllm.corpus_lookup import SAMPLED_AT_MOST, CorpusLookup, read_answers
 from peagle_vllm.corpus_table import CorpusTable, context_hashes
 from peagle_vllm.harness.fake_tensors import on_fake
 
@@ -49,6 +51,23 @@ def test_each_requests_drafts_are_the_corpus_walks(vocab: int, count: int, offse
             assert not drafts[b, found[b]:].any()
             lengths.append(len(expected))
         assert sum(map(bool, lengths)) > 50 and max(lengths) > 1, "too few walks to test"
+
+
+def test_the_targets_answers_walk_alike() -> None:
+    """SmolLM2's answers to one set of prompts as the corpus, texts cut from its answers to another set."""
+    data = Path(__file__).resolve().parents[2] / "datasets" / "smollm2"
+    lookup = CorpusLookup(read_answers(data / "requests"))
+    table = CorpusTable.of(lookup)
+    rng = np.random.default_rng(0)
+    others = read_answers(data / "questions")
+    texts = []
+    for i in rng.choice(len(others), 300, replace=False):
+        text = others[i][0] + others[i][1]
+        texts.append(np.asarray(text[:rng.integers(len(others[i][0]), len(text) + 1)]))
+    drafts, found = table.continuation(_tails(texts, table.max_n), 6)
+    for b, text in enumerate(texts):
+        assert drafts[b, :found[b]].tolist() == lookup.continuation(text, 6).tolist()
+    assert (found > 0).sum() > 100 and found.max() == 6
 
 
 def test_contexts_seen_thousands_of_times_count_the_lookups_sample() -> None:
