@@ -1,9 +1,10 @@
 """The per-step core on a real GPU (torch only, no vLLM, random weights and inputs at real sizes): what the CPU
 tests hold with fake tensors, checked against CUDA itself.
 
-1. No host sync: draft sampling, target distributions (every option), verification (every mode) and the
-   rollback capacity check run under `torch.cuda.set_sync_debug_mode("error")`, which raises on any
-   synchronizing CUDA call (a device read on the host, a blocking copy).
+1. No host sync: draft sampling, target distributions (every option), verification (every mode), the
+   rollback capacity check, and vLLM 0.34's batch prompt lookup and corpus walk run under
+   `torch.cuda.set_sync_debug_mode("error")`, which raises on any synchronizing CUDA call (a device read on the
+   host, a blocking copy).
 2. Memory: verification's peak on the CUDA allocator (`max_memory_allocated` beyond its inputs) against
    `AllocCounter`'s count of the same call on fake tensors, which `tests/unit/test_sampler_memory.py` trusts.
 3. Graph capture: one decode step of the head (`gpu_bench.DecodeStep`) captured in a CUDA graph gives the
@@ -30,6 +31,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_bench import DecodeStep, capture, median_seconds  # noqa: E402
+from peagle_vllm.batch_lookup import last_tokens, prompt_lookup  # noqa: E402
+from peagle_vllm.corpus_lookup import CorpusLookup  # noqa: E402
+from peagle_vllm.corpus_table import CorpusTable  # noqa: E402
 from peagle_vllm.harness.alloc_counter import AllocCounter  # noqa: E402
 from peagle_vllm.head import HeadConfig, PEagleHead  # noqa: E402
 from peagle_vllm.proposer import sample_drafts  # noqa: E402
@@ -83,6 +87,11 @@ def check_no_host_sync(args) -> dict:
     positions = torch.arange(b * (k + 1), device=args.device) % (k + 1) + 100
     per_request = torch.full((b,), k + 1, device=args.device)
     capacity = torch.randint(100, 100 + k + 2, (b,), device=args.device)
+    slots = torch.arange(b, device=args.device)
+    history = torch.randint(0, 50, (b, 4096), dtype=torch.int32, device=args.device)  # [b, 4096] token histories
+    held = torch.randint(1, 4097, (b,), device=args.device)
+    answers = torch.randint(0, 50, (400, 60), generator=torch.Generator().manual_seed(0)).tolist()
+    corpus = CorpusTable.of(CorpusLookup([([], answer) for answer in answers])).to(args.device)
     cases = {
         "sample_drafts greedy": lambda: sample_drafts(x["draft_logits"], x["draft_to_target"], None, None, v),
         "sample_drafts sampled, top-k/top-p": lambda: sample_drafts(
@@ -99,6 +108,8 @@ def check_no_host_sync(args) -> dict:
                                                      greedy, accept_k=3, accept_tolerance=1.0,
                                                      target_logits=x["logits"]),
         "beyond_capacity": lambda: beyond_capacity(positions, per_request, capacity),
+        "prompt lookup (vLLM 0.34)": lambda: prompt_lookup(history, slots, held, k, 2, 5),
+        "corpus walk (vLLM 0.34)": lambda: corpus.continuation(last_tokens(history, slots, held, corpus.max_n), k),
     }
     out = {}
     for name, fn in cases.items():

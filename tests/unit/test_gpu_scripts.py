@@ -36,7 +36,7 @@ def test_gpu_core_check_reports_every_check(tmp_path: Path) -> None:
                str(tmp_path))
     report = json.loads((tmp_path / "gpu_core_check.json").read_text())
     assert "all checks passed" in out
-    assert set(report["no_host_sync"].values()) == {"no sync"} and len(report["no_host_sync"]) == 8
+    assert set(report["no_host_sync"].values()) == {"no sync"} and len(report["no_host_sync"]) == 10
     for mode in ("standard", "block"):  # the counter saw verification's own tensors (none on a CUDA allocator here)
         assert report["memory"][mode]["counted_gib"] > 0 and report["memory"][mode]["measured_gib"] is None
     assert {"b1_k8", "b1_k32", "b64_k8"} == set(report["graphs"]) and report["graphs"]["b1_k8"]["eager_ms"] > 0
