@@ -114,15 +114,21 @@ class CorpusLookup:
             lo, hi, n = self._longest(text)
             if not n:
                 break
-            seen = self._next[lo:hi:max(1, (hi - lo) // SAMPLED_AT_MOST)]
-            values, counts = np.unique(seen, return_counts=True)
-            best = int(counts.argmax())
-            prob *= counts[best] / len(seen)
+            token, frequency = self.most_frequent(lo, hi)
+            prob *= frequency
             if prob < self.min_prob:
                 break
-            out.append(int(values[best]))
-            text = np.append(text[-self.max_n:], values[best])
+            out.append(token)
+            text = np.append(text[-self.max_n:], token)
         return np.asarray(out, dtype=np.int64)
+
+    def most_frequent(self, lo: int, hi: int) -> tuple[int, float]:
+        """(token, frequency): the most frequent next token of index rows lo..hi-1 (the smallest on a tie) and its
+        share, counted over every row, or over SAMPLED_AT_MOST to 2 x SAMPLED_AT_MOST evenly spaced ones."""
+        seen = self._next[lo:hi:max(1, (hi - lo) // SAMPLED_AT_MOST)]
+        values, counts = np.unique(seen, return_counts=True)
+        best = int(counts.argmax())
+        return int(values[best]), counts[best] / len(seen)
 
 
 class CorpusError(ValueError):

@@ -88,7 +88,7 @@ class CorpusTable:
             if not len(first):
                 break
             rows = np.flatnonzero(inside)  # the kept contexts' rows, one context after another
-            answer = _most_frequent(follows, rows, first, counts)
+            answer = _most_frequent(lookup, rows, first, counts)
             context = np.stack([lookup.token_back(j, first) for j in range(1, n + 1)], axis=1)  # [M, n]
             hashes.append(context_hashes(torch.from_numpy(context.astype(np.int64)), multipliers)[:, -1])  # [M]
             next_tokens.append(torch.from_numpy(answer[0]))
@@ -134,11 +134,11 @@ class CorpusTable:
         return drafts, found
 
 
-def _most_frequent(follows: np.ndarray, rows: np.ndarray, first: np.ndarray,
+def _most_frequent(lookup: CorpusLookup, rows: np.ndarray, first: np.ndarray,
                    counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(token [M] int32, frequency [M] float64) per context (rows `first[i]` to `first[i] + counts[i]` of the
-    index): its most frequent next token, the smallest on a tie, counted over every occurrence, or over
-    `CorpusLookup`'s evenly spaced sample of them where a context has 2 x SAMPLED_AT_MOST or more."""
+    index): `lookup.most_frequent` of each, vectorized where it counts every row (fewer than 2 x SAMPLED_AT_MOST)."""
+    follows = lookup.follows
     token, frequency = np.zeros(len(first), np.int32), np.zeros(len(first))
     small = counts < 2 * SAMPLED_AT_MOST
     node = np.repeat(np.arange(len(first)), counts)[np.repeat(small, counts)]  # small contexts' rows, in order
@@ -152,8 +152,5 @@ def _most_frequent(follows: np.ndarray, rows: np.ndarray, first: np.ndarray,
         head = best[np.r_[True, run_node[best][1:] != run_node[best][:-1]]]
         token[run_node[head]], frequency[run_node[head]] = run_token[head], run_len[head] / counts[run_node[head]]
     for i in np.flatnonzero(~small):
-        lo, hi = first[i], first[i] + counts[i]
-        values, times = np.unique(follows[lo:hi:(hi - lo) // SAMPLED_AT_MOST], return_counts=True)
-        top = int(times.argmax())
-        token[i], frequency[i] = values[top], times[top] / times.sum()
+        token[i], frequency[i] = lookup.most_frequent(first[i], first[i] + counts[i])
     return token, frequency
