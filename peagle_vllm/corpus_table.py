@@ -141,16 +141,17 @@ def _most_frequent(lookup: CorpusLookup, rows: np.ndarray, first: np.ndarray,
     follows = lookup.follows
     token, frequency = np.zeros(len(first), np.int32), np.zeros(len(first))
     small = counts < 2 * SAMPLED_AT_MOST
-    node = np.repeat(np.arange(len(first)), counts)[np.repeat(small, counts)]  # small contexts' rows, in order
-    if len(node):
-        seen = follows[rows][np.repeat(small, counts)]
-        order = np.lexsort((seen, node))
-        node, seen = node[order], seen[order]
-        run = np.flatnonzero(np.r_[True, (node[1:] != node[:-1]) | (seen[1:] != seen[:-1])])
-        run_node, run_token, run_len = node[run], seen[run], np.diff(np.r_[run, len(node)])
-        best = np.lexsort((run_token, -run_len, run_node))  # per context: the longest run first, then the smallest
-        head = best[np.r_[True, run_node[best][1:] != run_node[best][:-1]]]
-        token[run_node[head]], frequency[run_node[head]] = run_token[head], run_len[head] / counts[run_node[head]]
+    counted = np.repeat(small, counts)  # the rows of contexts counted in full
+    owner = np.repeat(np.arange(len(first)), counts)[counted]  # each such row's context
+    if len(owner):
+        seen = follows[rows][counted]
+        order = np.lexsort((seen, owner))
+        owner, seen = owner[order], seen[order]
+        run = np.flatnonzero(np.r_[True, (owner[1:] != owner[:-1]) | (seen[1:] != seen[:-1])])
+        run_owner, run_token, run_len = owner[run], seen[run], np.diff(np.r_[run, len(owner)])
+        best = np.lexsort((run_token, -run_len, run_owner))  # per context: the longest run first, then the smallest
+        head = best[np.r_[True, run_owner[best][1:] != run_owner[best][:-1]]]
+        token[run_owner[head]], frequency[run_owner[head]] = run_token[head], run_len[head] / counts[run_owner[head]]
     for i in np.flatnonzero(~small):
         token[i], frequency[i] = lookup.most_frequent(first[i], first[i] + counts[i])
     return token, frequency
