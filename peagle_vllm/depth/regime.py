@@ -13,8 +13,7 @@ the step after it, and the first plain step after a draft, which carries the las
 hands back). A speculative step is credited with the tokens its drafts were expected to yield when chosen: they vary far
 less than those accepted, so a few timed steps suffice.
 
-Trials time speculation afresh, at the K the optimiser picks, for `probe_steps` steady steps (the engine's start is
-one):
+Trials time speculation afresh, at the K the optimiser picks, for `probe_steps` steady steps (the engine's start too):
 - probes, in fallback: when `ProbeSchedule` says (spaced by their cost at the measured speeds); earlier when plain
   decoding measures slower than speculation last did; at once when the batch is smaller than any tried (where
   speculation gains more), or when, at another batch size than fallback began at, speculation measured faster
@@ -29,10 +28,11 @@ one):
 - a trial whose batch moves to a size where speculation measured slower ends there, in fallback (a ragged end's
   trial must not run on into the next full batch); a long trial whose first `probe_steps` steps lose by more than
   `CLEAR_LOSS` ends as a probe's would.
-While speculating, explorations force `explore_steps` plain steps every `explore_every` steps and soon after a
-trial, and time plain decoding afresh (a plain figure from a slow spell must not keep a losing speculation going;
-until they are timed, no other batch size's figures decide); plain steps are also forced at a batch size whose
-plain speed is not measured yet. At batch 1, depth explorations (`explore`) run the depth beside the chosen one.
+While speculating, explorations force `explore_steps` plain steps and time plain decoding afresh: every
+`explore_every` steps, and soon after a trial begun in fallback or the engine's opening trial (whose plain figure is
+of the engine's first, slow steps; a plain figure from a slow spell must not keep a losing speculation going; until
+they are timed, no other batch size's figures decide); plain steps are also forced at a batch size whose plain speed
+is unmeasured. At batch 1, depth explorations (`explore`) run the depth beside the chosen one.
 
 KV lookahead follows each request's own K: `reservation` says how many drafts a request may get at its next choice
 (at most twice its last K, so that K can grow step by step; none in fallback until a probe, which starts where
@@ -43,7 +43,6 @@ reserves drafts when an arrival trial may come, so that the head drafts over its
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -51,6 +50,7 @@ from peagle_vllm.depth.acceptance import Acceptance
 from peagle_vllm.depth.cost import CostModel
 from peagle_vllm.depth.explore import DepthExploration
 from peagle_vllm.depth.optimiser import Weighing, drafts_per_request
+from peagle_vllm.depth.options import DepthOptions
 from peagle_vllm.depth.probes import ProbeSchedule, trial_cost
 from peagle_vllm.depth.speeds import MeasuredSpeeds, SpeedsByKind, bucket
 from peagle_vllm.depth.step import Step
@@ -60,26 +60,6 @@ from peagle_vllm.depth.step import Step
 CLEAR_LOSS = 1 / 3
 VALUE_DECAY = 0.9  # weight of the past in what arrival trials gained, per trial: rare large gains must weigh in
 VALUE_TRIALS = 4  # arrival trials measured before their value may stop them
-
-
-@dataclass
-class DepthOptions:
-    max_k: int
-    min_k: int = 0
-    probe_every: int = 16  # fewest steps between two probes (near ties); at most 64x as many
-    probe_k: int = 2
-    probe_steps: int = 4  # steady speculative steps a probe (a trial of speculation) times
-    alone_trial_steps: int = 16  # the same for a new request's own trial, alone in its batch
-    explore_every: int = 128  # plain steps are forced this often while speculating
-    explore_steps: int = 4  # plain steps an exploration forces
-    depth_explore_every: int = 32  # at batch 1, steps between two explorations of a depth beside the chosen one
-    decay: float = 0.9  # weight of the past per observation (per request)
-    prior_weight: float = 2.0  # pseudo-observations of the global prior in each request's estimate
-    batch_prior_weight: float = 8.0  # the same in a batch of more than one request (`Acceptance`)
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.min_k <= self.max_k:
-            raise ValueError(f"min_k must lie in 0..max_k ({self.max_k}), got {self.min_k}")
 
 
 class DepthController:
@@ -107,7 +87,7 @@ class DepthController:
         self.trial_length = options.probe_steps  # the steps it times in all
         self.probe_until = 4 * options.probe_steps  # the current trial's last step at the latest
         self.plain_left = 0  # exploration's forced plain steps still to come
-        self.next_explore = options.explore_every  # step of the next exploration while speculating
+        self.next_explore = self.probe_until + options.probe_every  # the next exploration's step while speculating
         self.plain_forced = False  # the latest choice forced a plain step: reserve nothing, so no draft runs
         self.depth_exploration = DepthExploration(options.depth_explore_every, options.explore_steps, k)
         self.summarized = 0  # `steps` at the latest summary

@@ -62,14 +62,15 @@ def test_hooks_cost_their_share_of_the_step_by_batch_size_and_kind() -> None:
 
 def test_the_controller_settles_on_the_side_that_pays() -> None:
     """Drafts never right and drafting dear: adaptive depth stays near plain decoding's speed; every
-    draft right and drafting cheap: near the best fixed K."""
+    draft right and drafting cheap: near the best fixed K (0.92 of it over an engine's life of some 130 steps, in
+    which the plain steps that check the opening trial cost 3%)."""
     dear, cheap = flat_costs(10.0, 10.0), flat_costs(10.0, 1.0)
     ctrl = DepthController(DepthOptions(max_k=8))
-    plain = replay(requests(16, 0), 1, dear, 61, Noise(**QUIET))
-    assert replay(requests(16, 0), 1, dear, 61, Noise(**QUIET), controller=ctrl) > 0.9 * plain
+    plain = replay(requests(64, 0), 1, dear, 61, Noise(**QUIET))
+    assert replay(requests(64, 0), 1, dear, 61, Noise(**QUIET), controller=ctrl) > 0.9 * plain
     ctrl = DepthController(DepthOptions(max_k=8))
-    best = max(replay(requests(16, 32), 4, cheap, 61, Noise(**QUIET), fixed_k=k) for k in (1, 2, 4, 8))
-    assert replay(requests(16, 32), 4, cheap, 61, Noise(**QUIET), controller=ctrl) > 0.85 * best
+    best = max(replay(requests(64, 32), 4, cheap, 61, Noise(**QUIET), fixed_k=k) for k in (1, 2, 4, 8))
+    assert replay(requests(64, 32), 4, cheap, 61, Noise(**QUIET), controller=ctrl) > 0.88 * best
 
 
 def test_noise_is_repeatable_and_centred() -> None:

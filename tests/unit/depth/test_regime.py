@@ -153,8 +153,9 @@ def test_a_new_request_alone_is_judged_on_sixteen_steps_unless_it_clearly_loses(
 
 def test_a_trial_that_measures_a_tie_keeps_speculating() -> None:
     """Within `TIE` the current regime stands, speculation at a trial's end: a request that falls back at
-    batch 1 stays so for the rest of its life, which loses more than speculating through a tie (before,
-    the opening trial fell back here and stayed)."""
+    batch 1 stays so for the rest of its life, which loses more than speculating through a tie. The opening
+    trial's plain figure is of the engine's first steps, and a tie is no clear win: plain decoding is timed
+    afresh soon after it."""
     ctrl = DepthController(DepthOptions(max_k=1, probe_every=8))
     for _ in range(20):
         ctrl.observe(["r"], [1], [1])
@@ -168,8 +169,31 @@ def test_a_trial_that_measures_a_tie_keeps_speculating() -> None:
             ctrl.observe(["r"], [1], [1])
         ctrl.observe_step(Step(tokens=2, draft_rows=1, seconds=0.0204, requests=1, emitted=2, verified=1)
                           if k else plain)
-    assert ks[:127] == [1] * 127, "speculation goes on after the opening trial, up to the first exploration"
-    assert 0 in ks[127:] and sum(ks[127:]) > 40, "explorations time plain decoding, and speculation resumes"
+    check = ks.index(0)
+    assert check == 23, "speculation goes on after the opening trial up to the check soon after (a tie: no clear win)"
+    assert ks[check:check + 5] == [0] * 5 and ks.index(0, check + 5) == check + 128, \
+        "the check times plain decoding, speculation resumes, and the next exploration comes 128 steps later"
+
+
+def test_an_opening_trial_won_against_the_engines_first_slow_step_is_checked_soon() -> None:
+    """The engine's first plain step takes three times a steady one's time. Against it a speculative step of 2
+    tokens in 25 ms wins by far (80 tokens a second against 33) though it loses to steady plain decoding (100):
+    plain decoding is timed afresh soon after the opening trial (not 128 steps on), and the engine falls back."""
+    ctrl = DepthController(DepthOptions(max_k=1, probe_every=8))
+    for _ in range(20):
+        ctrl.observe(["r"], [1], [1])
+    ctrl.observe_step(Step(tokens=1, draft_rows=0, seconds=0.03, requests=1, emitted=1))  # the engine's first
+    plain = Step(tokens=1, draft_rows=0, seconds=0.01, requests=1, emitted=1)
+    ks = []
+    for _ in range(120):
+        (k,) = ctrl.choose(["r"], [ctrl.reservation("r")])
+        ks.append(k)
+        if k:
+            ctrl.observe(["r"], [1], [1])
+        ctrl.observe_step(Step(tokens=2, draft_rows=1, seconds=0.025, requests=1, emitted=2, verified=1)
+                          if k else plain)
+    assert ks[:20] == [1] * 20 and 0 in ks[20:32], "checked soon after the opening trial"
+    assert sum(ks[32:]) < 10, "then in fallback, bar its probes"
 
 
 def test_an_exploration_is_not_decided_by_a_neighbouring_batch_size() -> None:
@@ -387,7 +411,8 @@ def test_at_batch_one_the_depth_climbs_to_where_steps_cost_least_for_what_they_y
     """Where a step's cost is not linear in its tokens (SmolLM2's: a first draft alone dearer than two to four),
     explorations of the depth beside the chosen one measure each count's cost, and adaptive depth comes within
     a few percent of the best fixed K: eight requests of 64 tokens one after another, each accepting a draft with
-    chance 0.45 in a row; without the measured factors it stays some 10% below."""
+    chance 0.45 in a row, over 16 noise sequences (0.96 of the best; 0.88-1.02 each); without the measured factors
+    it stays some 2% lower (seeds differ by more: -4% to +6%)."""
     def speed(seed: int, fixed_k: int = 0, factors: bool = True) -> float:
         ctrl = None if fixed_k else DepthController(DepthOptions(max_k=8))
         engine = Engine(ctrl, by_tokens(SMOLLM2_DRAFTING), seed, fixed_k=fixed_k)
@@ -399,11 +424,11 @@ def test_at_batch_one_the_depth_climbs_to_where_steps_cost_least_for_what_they_y
             engine.wave([Request(f"r{n}", 0.45, 64)])
         return engine.emitted / engine.seconds
 
-    seeds = range(4)
+    seeds = range(16)
     best = [max(speed(seed, k) for k in (1, 2, 3, 4, 8)) for seed in seeds]
     adaptive = np.mean([speed(seed) / b for seed, b in zip(seeds, best)])
     linear = np.mean([speed(seed, factors=False) / b for seed, b in zip(seeds, best)])
-    assert adaptive > 0.94 and adaptive > linear + 0.04, (adaptive, linear)
+    assert adaptive > 0.95 and adaptive > linear + 0.015, (adaptive, linear)
 
 
 def test_a_large_batch_where_no_draft_pays_falls_back_though_noisy_speeds_tie() -> None:
