@@ -8,10 +8,11 @@ beyond batch 1 a tie whose drafts would reach a quarter of the batch or less fal
 whole batch to verify the likeliest few, often one draft where none pays). In
 fallback only a trial resumes speculation: speculation's figure there is as old as its last stretch, and a slow spell of
 the machine, slowing the plain steps timed now, would read as a gain. Timed are steady decode steps only: no prompt in
-them, and none of a switch's steps (the opening draft with nothing to verify, which also carries the head's catch-up,
+them, and none of a switch's steps (the first draft after plain steps, with nothing to verify and the head's catch-up,
 the step after it, and the first plain step after a draft, which carries the last choice's bookkeeping and the blocks it
-hands back). A speculative step is credited with the tokens its drafts were expected to yield when chosen: they vary far
-less than those accepted, so a few timed steps suffice.
+hands back); a step that drafts while every request is at K=0 is speculation's. A speculative step is credited with the
+tokens its drafts were expected to yield when chosen: they vary far less than those accepted, so a few timed steps
+suffice.
 
 Trials time speculation afresh, at the K the optimiser picks, for `probe_steps` steady steps (the engine's start too):
 - probes, in fallback: when `ProbeSchedule` says (spaced by their cost at the measured speeds); earlier when plain
@@ -91,7 +92,7 @@ class DepthController:
         self.plain_forced = False  # the latest choice forced a plain step: reserve nothing, so no draft runs
         self.depth_exploration = DepthExploration(options.depth_explore_every, options.explore_steps, k)
         self.summarized = 0  # `steps` at the latest summary
-        self._last = (False, False)  # the latest step opened a stretch of speculation; it ran a draft
+        self._last = (False, False)  # the latest step was the first draft after plain steps; it ran a draft
         self._expected = 1.0  # tokens per request the latest choice's drafts are expected to emit
         self.tried: set[int] = set()  # batch-size buckets where a trial of speculation has run
         self.fallback_bucket = 0  # batch-size bucket at which the latest fallback began
@@ -114,7 +115,9 @@ class DepthController:
         """One engine step: it fits the cost model, and steady plain and steady speculative steps are timed (see the
         module's doc). Steps with a prompt in them are left out of both: a prefill would make plain decoding look
         slow, and its many tokens, each cheaper than a decode step's, would set the per-token cost of verification."""
-        (opened, drafted), self._last = self._last, (bool(step.draft_rows and not step.verified), bool(step.draft_rows))
+        opened, drafted = self._last
+        opens = bool(step.draft_rows and not step.verified and not drafted)  # the first draft after plain steps
+        self._last = (opens, bool(step.draft_rows))
         if step.seconds <= 0 or not step.emitted or not step.decode_only:
             return
         self.costs_for(step.sampled).observe(step.requests, step.tokens, step.draft_rows, step.seconds)
@@ -126,7 +129,7 @@ class DepthController:
             if self._stretch is not None:
                 self._stretch += gained
             self.probes.credit(gained, step.seconds)
-        if step.draft_rows and step.verified and not opened:
+        if step.draft_rows and not opens and not opened:
             spec.add(self._expected * step.requests, step.requests, step.seconds)
             self.trial_left = max(self.trial_left - 1, 0)
         elif not step.draft_rows and not step.verified and not drafted:

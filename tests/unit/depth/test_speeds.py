@@ -101,6 +101,24 @@ def test_switching_steps_are_not_timed_and_a_batch_between_two_measured_ones_goe
     assert ctrl.speculation_measured_faster(2) is False, "batch 2 lies as near batch 1 as batch 4: the larger decides"
 
 
+def test_a_step_that_drafts_for_nothing_while_speculating_is_timed_as_speculation() -> None:
+    """A choice of K=0 for every request while speculating still runs the head (the requests reserve drafts): its
+    step costs a draft and yields one token a request, and speculation's figure counts it, as it does the step
+    after it; only a switch's steps (the first draft after plain steps, the step after it) are left out."""
+    ctrl = DepthController(DepthOptions(max_k=8))
+    plain = Step(tokens=1, draft_rows=0, seconds=0.01, requests=1, emitted=1)
+    opening = Step(tokens=1, draft_rows=8, seconds=0.03, requests=1, emitted=1)
+    spec = Step(tokens=9, draft_rows=8, seconds=0.02, requests=1, emitted=3, verified=8)
+    for step, expected in ((plain, 1.0), (opening, 1.0), (spec, 3.0), (spec, 3.0), (opening, 1.0), (spec, 3.0)):
+        ctrl._expected = expected
+        ctrl.observe_step(step)
+    # timed: the second speculative step (150 tokens a second), the draft for nothing (33) and the step after it
+    speed = ctrl.speeds.buckets[1][1]
+    d = speed.decay
+    assert speed.steps == pytest.approx(1 + d + d * d)
+    assert speed.value == pytest.approx((3 * d * d + 1 * d + 3) / (0.02 * d * d + 0.03 * d + 0.02))
+
+
 def test_the_log_line_shows_the_measured_speeds_that_decide() -> None:
     """Operators see why the controller speculates or falls back: plain and speculative tokens per
     request-second by batch-size bucket (here 100 and 33 at batch 4, nothing measured yet elsewhere)."""
