@@ -18,10 +18,12 @@ from peagle_vllm.vllm_adapter.v1.sampler import PEagleRejectionSampler
 # trial win, and fallback begins at the check soon after it (some 40 steps in)
 MAX_TOKENS = 128
 
+
 def _greedy(llm, prompts: list[str]) -> list[list[int]]:
     from vllm import SamplingParams
 
-    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True), use_tqdm=False)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
 
 

@@ -107,9 +107,10 @@ def test_a_step_that_drafts_for_nothing_while_speculating_is_timed_as_speculatio
     after it; only a switch's steps (the first draft after plain steps, the step after it) are left out."""
     ctrl = DepthController(DepthOptions(max_k=8))
     plain = Step(tokens=1, draft_rows=0, seconds=0.01, requests=1, emitted=1)
-    opening = Step(tokens=1, draft_rows=8, seconds=0.03, requests=1, emitted=1)
+    draft_alone = Step(tokens=1, draft_rows=8, seconds=0.03, requests=1, emitted=1)  # nothing to verify
     spec = Step(tokens=9, draft_rows=8, seconds=0.02, requests=1, emitted=3, verified=8)
-    for step, expected in ((plain, 1.0), (opening, 1.0), (spec, 3.0), (spec, 3.0), (opening, 1.0), (spec, 3.0)):
+    # the first draft alone opens a switch (after a plain step); the second is a draft for nothing amid speculation
+    for step, expected in ((plain, 1.0), (draft_alone, 1.0), (spec, 3.0), (spec, 3.0), (draft_alone, 1.0), (spec, 3.0)):
         ctrl._expected = expected
         ctrl.observe_step(step)
     # timed: the second speculative step (150 tokens a second), the draft for nothing (33) and the step after it
