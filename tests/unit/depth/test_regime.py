@@ -151,24 +151,31 @@ def test_a_new_request_alone_is_judged_on_sixteen_steps_unless_it_clearly_loses(
     assert max(drafted[1:]) <= 5, f"steps drafted per request {drafted}"
 
 
+def _every_draft_right_at_k1(first_plain: float, spec_seconds: float, steps: int) -> list[int]:
+    """K chosen at each step for one request, K_max 1, whose every draft is right: a plain step takes 10 ms (the
+    engine's first, timed before the loop, `first_plain`), a speculative one `spec_seconds` for its 2 tokens."""
+    ctrl = DepthController(DepthOptions(max_k=1, probe_every=8))
+    for _ in range(20):
+        ctrl.observe(["r"], [1], [1])
+    ctrl.observe_step(Step(tokens=1, draft_rows=0, seconds=first_plain, requests=1, emitted=1))
+    plain = Step(tokens=1, draft_rows=0, seconds=0.010, requests=1, emitted=1)
+    ks = []
+    for _ in range(steps):
+        (k,) = ctrl.choose(["r"], [ctrl.reservation("r")])
+        ks.append(k)
+        if k:
+            ctrl.observe(["r"], [1], [1])
+        ctrl.observe_step(Step(tokens=2, draft_rows=1, seconds=spec_seconds, requests=1, emitted=2, verified=1)
+                          if k else plain)
+    return ks
+
+
 def test_a_trial_that_measures_a_tie_keeps_speculating() -> None:
     """Within `TIE` the current regime stands, speculation at a trial's end: a request that falls back at
     batch 1 stays so for the rest of its life, which loses more than speculating through a tie. The opening
     trial's plain figure is of the engine's first steps: plain decoding is timed afresh soon after it, and the
     tie still speculates."""
-    ctrl = DepthController(DepthOptions(max_k=1, probe_every=8))
-    for _ in range(20):
-        ctrl.observe(["r"], [1], [1])
-    plain = Step(tokens=1, draft_rows=0, seconds=0.010, requests=1, emitted=1)
-    ctrl.observe_step(plain)
-    ks = []
-    for _ in range(200):  # every draft accepted: 2 tokens in 20.4 ms against 1 in 10 ms, a tie
-        (k,) = ctrl.choose(["r"], [ctrl.reservation("r")])
-        ks.append(k)
-        if k:
-            ctrl.observe(["r"], [1], [1])
-        ctrl.observe_step(Step(tokens=2, draft_rows=1, seconds=0.0204, requests=1, emitted=2, verified=1)
-                          if k else plain)
+    ks = _every_draft_right_at_k1(first_plain=0.010, spec_seconds=0.0204, steps=200)  # 2 tokens against 1: a tie
     check = ks.index(0)
     assert check == 23, "speculation goes on after the opening trial, up to the check soon after it"
     assert ks[check:check + 5] == [0] * 5 and ks.index(0, check + 5) == check + 128, \
@@ -179,19 +186,7 @@ def test_an_opening_trial_won_against_the_engines_first_slow_step_is_checked_soo
     """The engine's first plain step takes three times a steady one's time. Against it a speculative step of 2
     tokens in 25 ms wins by far (80 tokens a second against 33) though it loses to steady plain decoding (100):
     plain decoding is timed afresh soon after the opening trial (not 128 steps on), and the engine falls back."""
-    ctrl = DepthController(DepthOptions(max_k=1, probe_every=8))
-    for _ in range(20):
-        ctrl.observe(["r"], [1], [1])
-    ctrl.observe_step(Step(tokens=1, draft_rows=0, seconds=0.03, requests=1, emitted=1))  # the engine's first
-    plain = Step(tokens=1, draft_rows=0, seconds=0.01, requests=1, emitted=1)
-    ks = []
-    for _ in range(120):
-        (k,) = ctrl.choose(["r"], [ctrl.reservation("r")])
-        ks.append(k)
-        if k:
-            ctrl.observe(["r"], [1], [1])
-        ctrl.observe_step(Step(tokens=2, draft_rows=1, seconds=0.025, requests=1, emitted=2, verified=1)
-                          if k else plain)
+    ks = _every_draft_right_at_k1(first_plain=0.03, spec_seconds=0.025, steps=120)
     assert ks[:20] == [1] * 20 and 0 in ks[20:32], "checked soon after the opening trial"
     assert sum(ks[32:]) < 10, "then in fallback, bar its probes"
 
