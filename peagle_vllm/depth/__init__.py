@@ -4,7 +4,7 @@ between speculating and plain decoding. No vLLM here: the adapter (`vllm_adapter
 
 Modules, each importing only those above it:
 - `step`: `Step`, what the controller is told of each engine step;
-- `options`: `DepthOptions`, the controller's bounds on K and the spacing of its trials and explorations;
+- `options`: `DepthOptions`, the controller's bounds on K, the spacing of its trials, the weights of its estimates;
 - `acceptance`: per-request, per-position acceptance estimates and the curves P_r(i) built from them;
 - `cost`: the step-cost model, fitted online, with a measured factor per token count;
 - `speeds`: measured tokens per request-second of plain and speculative steps, by batch-size bucket;

@@ -1,4 +1,5 @@
-"""The adaptive-depth controller's options: bounds on K, and the spacing and length of its trials and explorations."""
+"""The adaptive-depth controller's options: bounds on K, its trials' and explorations' spacing and length, and the
+weights of its acceptance estimates."""
 
 from __future__ import annotations
 
