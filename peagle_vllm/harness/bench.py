@@ -36,7 +36,7 @@ from typing import TypeVar
 
 from peagle_vllm.harness.prompts import eval_prompts
 from peagle_vllm.harness.real_target import CORPORA
-from peagle_vllm.harness.runs import close_llm, make_llm, request_spec_figures, set_cpu_defaults
+from peagle_vllm.harness.runs import close_llm, engines_are_eager, make_llm, request_spec_figures, set_cpu_defaults
 
 T = TypeVar("T")  # a prompt, or a replay's recorded prompt
 
@@ -196,7 +196,8 @@ def run_bench(target: Path, out_dir: Path, ks: list[int], concurrencies: list[in
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {_cpus()} CPUs",
             "target": target.name, "max_tokens": max_tokens, "range_ratio": range_ratio, "top_p": top_p,
-            "prompts": len(prompts), "rounds": rounds, "fresh_engines": fresh_engines}
+            "prompts": len(prompts), "rounds": rounds, "fresh_engines": fresh_engines,
+            "target_compiled": not engines_are_eager()}
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (out_dir / "bench.md").write_text(markdown_table(rows) + "\n" + adaptive_summary(rows))
     write_plots(rows, out_dir)

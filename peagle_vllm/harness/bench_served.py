@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from peagle_vllm.harness.bench import WARMUP, output_lengths, requests_for
+from peagle_vllm.harness.runs import engines_are_eager
 from peagle_vllm.harness.server_process import ServerConfig, running_server, scrape_metrics
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -78,6 +79,7 @@ def run_mode(target: Path, spec: dict | None, prompts: list[str], concurrencies:
     temperature, and hands each figure dict to `on_row(concurrency, temperature, figures)`."""
     with tempfile.TemporaryDirectory() as logs:
         config = ServerConfig(target, Path(logs) / "server.log", max_model_len=1024, speculative_config=spec,
+                              enforce_eager=engines_are_eager(),
                               extra_args=("--max-num-seqs", str(max(concurrencies)), "--no-enable-prefix-caching"))
         with running_server(config) as server:
             measure(server.base_url, prompts, *WARMUP, 0.0)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from peagle_vllm.config import PEagleConfigError, split_p_eagle_config
 from peagle_vllm.harness.real_target import CORPORA
-from peagle_vllm.harness.runs import close_llm, lookup_draft_tokens, make_llm, request_spec_figures, spec_figures
+from peagle_vllm.harness.runs import (close_llm, engines_are_eager, lookup_draft_tokens, make_llm, request_spec_figures,
+                                      spec_figures)
 
 WARMUP_TOKENS = 16
 PROMPT_LOOKUP_MAX = 5  # n-grams up to 5 tokens, as in the shipped lookup configs
@@ -132,7 +133,7 @@ def run_demo(target: Path, spec: dict, prompts: list[str], max_tokens: int, conc
     return {"target": str(target), "draft": spec["model"], "k": spec["num_speculative_tokens"],
             "adaptive": spec["adaptive"], "prompt_lookup_max": spec.get("prompt_lookup_max"),
             "lookup_corpus": spec.get("lookup_corpus"), "head_depth": spec.get("head_depth"), "max_tokens": max_tokens,
-            "prompts": len(prompts), **{key: first[key] for key in (
+            "prompts": len(prompts), "target_compiled": not engines_are_eager(), **{key: first[key] for key in (
                 "speedup", "acceptance_length", "greedy_identical", "per_position_acceptance", "tokens_per_s",
                 "mean_latency_s", "drafting", "lookup_draft_share")},
             "by_concurrency": {str(c): cell for c, cell in cells.items()}}
@@ -148,7 +149,8 @@ def render(report: dict) -> str:
     if report.get("head_depth"):
         mode += f", the head's drafts at the first {report['head_depth']} depths only"
     lines = [f"target {report['target']}", f"draft  {report['draft']}  (K={report['k']}, {mode})",
-             f"{report['prompts']} held-out prompts, up to {report['max_tokens']} greedy tokens each", ""]
+             f"{report['prompts']} held-out prompts, up to {report['max_tokens']} greedy tokens each; the target "
+             + ("compiled" if report.get("target_compiled") else "run eagerly (--compiled: as vLLM runs it)"), ""]
     for c, cell in report["by_concurrency"].items():
         tps, lat = cell["tokens_per_s"], cell["mean_latency_s"]
         lines.append(f"{'one request at a time' if c == '1' else f'{c} requests at once'} ({cell['requests']} requests)")

@@ -140,12 +140,15 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--compiled", action="store_true", help="the target compiled, as vLLM runs it by default")
     args = parser.parse_args()
     from peagle_vllm.harness.prompts import chat_prompts
-    from peagle_vllm.harness.runs import quiet_vllm, set_cpu_defaults
+    from peagle_vllm.harness.runs import compile_engines, quiet_vllm, set_cpu_defaults
 
     set_cpu_defaults()
     quiet_vllm()
+    if args.compiled:
+        compile_engines()
     spec = json.loads(args.speculative_config) if args.speculative_config else None
     result = profile(args.target, spec, chat_prompts(args.target, [args.prompt])[0], args.max_tokens,
                      args.temperature, args.top_p)

@@ -32,6 +32,7 @@ class ServerConfig:
     max_model_len: int = 2048
     speculative_config: dict | None = None
     kv_cache_space_gib: int = 1
+    enforce_eager: bool = True  # False: the target compiled, as `vllm serve` runs it by default
     env: Mapping[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()  # further `vllm serve` arguments, e.g. ("--num-gpu-blocks-override", "48")
 
@@ -72,8 +73,8 @@ def server_env(config: ServerConfig) -> dict[str, str]:
 def serve_command(config: ServerConfig, port: int) -> list[str]:
     """The `python -m peagle_vllm.cli serve ...` argument list for `config` on `port`."""
     cmd = [sys.executable, "-m", "peagle_vllm.cli", "serve", str(config.target), "--host", "127.0.0.1",
-           "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", str(config.max_model_len),
-           "--served-model-name", config.name]
+           "--port", str(port), "--dtype", "float32", "--max-model-len", str(config.max_model_len),
+           "--served-model-name", config.name] + (["--enforce-eager"] if config.enforce_eager else [])
     if config.speculative_config is not None:
         cmd += ["--speculative-config", json.dumps(config.speculative_config)]
     return cmd + list(config.extra_args)

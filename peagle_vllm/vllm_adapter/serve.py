@@ -11,7 +11,7 @@ import sys
 from collections.abc import MutableMapping
 from pathlib import Path
 
-from peagle_vllm.config import PEagleConfigError
+from peagle_vllm.config import METHOD, PEagleConfigError
 from peagle_vllm.vllm_adapter.v1.config_hook import prepare
 
 # at most this many usable CPUs: the core vLLM's CPU backend keeps from the model would be half the machine or more
@@ -25,6 +25,25 @@ def check_against_target(spec: dict, target: str | None) -> None:
     cfg = json.loads((Path(target) / "config.json").read_text())
     cfg = cfg.get("text_config", cfg)
     prepare(spec, cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"])
+
+
+def check_serve_arguments(argv: list[str]) -> None:
+    """A p_eagle `--speculative-config` among `serve`'s arguments checked against the target before vLLM starts, so
+    that a bad one is one clear line (PEagleConfigError, CheckpointError) rather than an engine's traceback."""
+    for i, arg in enumerate(argv):
+        raw = arg.split("=", 1)[1] if arg.startswith("--speculative-config=") else (
+            argv[i + 1] if arg == "--speculative-config" and i + 1 < len(argv) else None)
+        if raw is None:
+            continue
+        try:
+            spec = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            example = '{"method": "p_eagle", "model": "DRAFT", "num_speculative_tokens": 8}'
+            raise PEagleConfigError(f"--speculative-config is not valid JSON ({exc}): quote it, "
+                                    f"e.g. '{example}'") from None
+        if isinstance(spec, dict) and spec.get("method") == METHOD:
+            check_against_target(spec, next((x for x in argv if not x.startswith("-")), None))
+        return
 
 
 def _installed_vllm_distribution() -> str | None:
