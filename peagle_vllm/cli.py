@@ -101,9 +101,9 @@ def cmd_eval_acceptance(args: argparse.Namespace) -> None:
     """Acceptance of a head on held-out prompts, through vLLM."""
     from peagle_vllm.harness.runs import generate
 
-    target, _ = _models_for_a_run(args)
+    target, draft = _models_for_a_run(args)
     prompts = _prompts(target, args.prompts, args.prompts_file, args.seed)
-    spec = {"method": args.method, "model": str(Path(args.draft).resolve()), "num_speculative_tokens": args.k}
+    spec = {"method": args.method, "model": str(draft), "num_speculative_tokens": args.k}
     if args.method == "p_eagle" and args.fixed_k:
         spec["adaptive"] = False
     if args.method == "builtin":
