@@ -1,7 +1,9 @@
 """Per-call wall time of the pieces of a p_eagle step's draft and verification, inside a compiled engine (K=4 fixed,
-prompt and corpus lookup, one request at a time): each piece wrapped by a timer, the median printed.
+prompt and corpus lookup, one request at a time): each piece wrapped by a timer, the median printed. With
+--torch-profiler instead: the PyTorch profiler over draft calls 200-260, their torch ops summed by name (own time),
+and the draft's direct children (inclusive time).
 
-    PYTHONPATH=. .venv/bin/python results/profile-smollm2/draft-split-s69/time_draft.py [--eager]
+    PYTHONPATH=. .venv/bin/python results/profile-smollm2/draft-split-s69/time_draft.py [--eager] [--torch-profiler]
 """
 import collections
 import os
@@ -17,6 +19,7 @@ quiet_vllm()
 if "--eager" not in sys.argv:
     compile_engines()
 import vllm.v1.sample.sampler as vllm_sampler  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 from vllm.v1.worker import gpu_model_runner  # noqa: E402
 
@@ -38,18 +41,68 @@ def timed(owner, name, label=None):
     setattr(owner, name, wrapper)
 
 
-for name in ("_draft", "set_inputs_first_pass", "build_per_group_and_layer_attn_metadata",
-             "_determine_batch_execution_and_padding", "build_model_inputs_first_pass", "_sanitize",
-             "_get_slot_mapping"):
-    timed(proposer.PEagleProposer, name)
-for name in ("forward", "draft_logits", "combine_hidden_states"):
-    timed(draft_model.PEagleDraftModel, name)
-timed(proposer, "sample_drafts")
-timed(sampler.PEagleRejectionSampler, "forward", "rejection forward")
-timed(sampler, "verify", "verify()")
-timed(vllm_sampler.Sampler, "forward", "vllm Sampler.forward (bonus)")
-for name in ("_sample", "_bookkeeping_sync", "sample_tokens", "propose_draft_token_ids"):
-    timed(gpu_model_runner.GPUModelRunner, name, f"runner {name}")
+PROFILED = (200, 260)  # draft calls profiled, first and last
+prof = profile(activities=[ProfilerActivity.CPU])
+
+
+def profiled_draft(original):
+    calls = [0]
+
+    def wrapper(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == PROFILED[0]:
+            prof.start()
+        with record_function("DRAFT"):
+            out = original(*args, **kwargs)
+        if calls[0] == PROFILED[1]:
+            prof.stop()
+        return out
+
+    return wrapper
+
+
+def print_profile() -> None:
+    drafts = [e for e in prof.events() if e.name == "DRAFT"]
+    n = len(drafts)
+    print("profiled drafts", n, "mean ms", sum(e.cpu_time_total for e in drafts) / n / 1000)
+    ops = collections.defaultdict(lambda: [0, 0.0])  # name -> calls, own time (us), over every op under a draft
+
+    def walk(event):
+        for child in event.cpu_children:
+            ops[child.name][0] += 1
+            ops[child.name][1] += child.self_cpu_time_total
+            walk(child)
+
+    children = collections.defaultdict(lambda: [0, 0.0])  # name -> calls, inclusive time (us), the draft's children
+    for draft in drafts:
+        walk(draft)
+        for child in draft.cpu_children:
+            children[child.name][0] += 1
+            children[child.name][1] += child.cpu_time_total
+    print("ops per draft", sum(v[0] for v in ops.values()) / n, "self total ms/draft",
+          sum(v[1] for v in ops.values()) / n / 1000)
+    for title, table, top in (("", ops, 40), ("--- direct children (inclusive)", children, 30)):
+        if title:
+            print(title)
+        for name, (count, us) in sorted(table.items(), key=lambda item: -item[1][1])[:top]:
+            print(f"{us / n / 1000:8.3f} ms {count / n:6.1f}x  {name}")
+
+
+if "--torch-profiler" in sys.argv:
+    proposer.PEagleProposer._draft = profiled_draft(proposer.PEagleProposer._draft)
+else:
+    for name in ("_draft", "set_inputs_first_pass", "build_per_group_and_layer_attn_metadata",
+                 "_determine_batch_execution_and_padding", "build_model_inputs_first_pass", "_sanitize",
+                 "_get_slot_mapping"):
+        timed(proposer.PEagleProposer, name)
+    for name in ("forward", "draft_logits", "combine_hidden_states"):
+        timed(draft_model.PEagleDraftModel, name)
+    timed(proposer, "sample_drafts")
+    timed(sampler.PEagleRejectionSampler, "forward", "rejection forward")
+    timed(sampler, "verify", "verify()")
+    timed(vllm_sampler.Sampler, "forward", "vllm Sampler.forward (bonus)")
+    for name in ("_sample", "_bookkeeping_sync", "sample_tokens", "propose_draft_token_ids"):
+        timed(gpu_model_runner.GPUModelRunner, name, f"runner {name}")
 
 llm = make_llm("models/SmolLM2-135M-Instruct", {
     "method": "p_eagle", "model": "models/smollm2-peagle-depth", "num_speculative_tokens": 4, "adaptive": False,
@@ -59,6 +112,8 @@ for prompt in held_out_prompts(6):
     text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                          add_generation_prompt=True)
     llm.generate([text], SamplingParams(max_tokens=128, temperature=0), use_tqdm=False)
+if "--torch-profiler" in sys.argv:
+    print_profile()
 for label, values in sorted(times.items(), key=lambda item: -statistics.median(item[1][50:] or item[1])):
     values = values[50:] or values  # the first calls (warm-up) left out
     print(f"{statistics.median(values) * 1000:8.3f} ms median  n={len(values)}  {label}")
