@@ -28,6 +28,7 @@ import torch
 from vllm.v1.outputs import SamplerOutput
 from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor
 from vllm.v1.sample.rejection_sampler import RejectionSampler
+from vllm.v1.sample.sampler import Sampler
 
 from peagle_vllm.candidate_vocab import CandidateRows, Slots, candidate_rows, widened
 from peagle_vllm.truncation import WIDER, kept_candidates, truncation_on
@@ -45,6 +46,14 @@ def _pad(flat: torch.Tensor, index: torch.Tensor, valid: torch.Tensor) -> torch.
     (padding) slots are 0."""
     out = flat[index.clamp(max=max(flat.shape[0] - 1, 0))]
     return out.masked_fill(~valid.view(*valid.shape, *([1] * (out.dim() - valid.dim()))), 0)
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """[N, V] logits -> [N] int64: each row's argmax, read in place (no float32 copy of the rows); float32 rows as
+    vLLM's own greedy sampling reads them (on CPU a kernel 2.5x faster than torch's argmax, float32 only)."""
+    if logits.dtype != torch.float32:  # argmax is exact in any dtype
+        return logits.argmax(-1)
+    return Sampler.greedy_sample(logits).view(-1).long()
 
 
 def _logits_processors_act(sampling_metadata) -> bool:
@@ -196,7 +205,8 @@ class PEagleRejectionSampler(RejectionSampler):
 
         cap = self.max_rows or b  # rows processed at once
         argmax = None if sampling_metadata.all_random else _pad(  # [B, K], read by greedy rows only
-            torch.cat([processed_rows(slice(s, s + cap)).argmax(-1) for s in range(0, rows, cap)]), index, valid)
+            greedy_tokens(processed) if processed is not None
+            else greedy_tokens(logits)[metadata.target_logits_indices], index, valid)
         if sampling_metadata.all_greedy:
             is_greedy = torch.ones(b, dtype=torch.bool, device=dev)
             probs = q = None
