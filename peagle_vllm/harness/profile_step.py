@@ -1,5 +1,6 @@
-"""Where an engine step's time goes: one request at a time, a plain engine against a p_eagle engine (fixed K),
-each phase timed inside the engine by wrappers installed before it starts (in-process engine):
+"""Where an engine step's time goes: one request at a time (or `--concurrency` N held-out prompts together), a plain
+engine against a p_eagle engine (fixed K), each phase timed inside the engine by wrappers installed before it starts
+(in-process engine):
 
 - vLLM's own phases: scheduling (`Scheduler.schedule`), input preparation (`_prepare_inputs`), the target's
   forward (`_model_forward`, by number of tokens), sampling / verification (`_sample`), bookkeeping
@@ -103,28 +104,36 @@ def _summary(steps: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def profile(target: str, spec: dict | None, prompt: str, max_tokens: int, temperature: float = 0.0,
+def decode_steps(steps: list[dict[str, float]], batch: int, k: int) -> list[dict[str, float]]:
+    """The steps whose target forward computed `batch` to `batch` x (K + 1) tokens: decode steps (a prefill, or a
+    prompt's chunk beside decodes, computes more), most of them of the whole batch (a plain step of fewer requests
+    computes fewer)."""
+    return [s for s in steps if batch <= s.get("forward tokens", 0) <= batch * (k + 1)]
+
+
+def profile(target: str, spec: dict | None, prompts: list[str], max_tokens: int, temperature: float = 0.0,
             top_p: float = 1.0) -> dict:
-    """Decode steps of one request (prefill and warm-up excluded), split by the target forward's token count."""
+    """The decode steps (`decode_steps`) of `prompts` run together, after a warm-up, split by the target forward's
+    token count."""
     from vllm import SamplingParams
 
     from peagle_vllm.harness.runs import close_llm, make_llm
 
     clock = CLOCK
     instrument(clock)
-    llm = make_llm(target, spec, max_num_seqs=1, enable_prefix_caching=False)
+    batch = len(prompts)
+    llm = make_llm(target, spec, max_num_seqs=batch, enable_prefix_caching=False)
     params = dict(temperature=temperature, top_p=top_p)  # unseeded, as the benchmark's requests
-    llm.generate([prompt], SamplingParams(max_tokens=16, **params), use_tqdm=False)  # warm-up
+    llm.generate(prompts, SamplingParams(max_tokens=16, **params), use_tqdm=False)  # warm-up
     clock.steps.clear()
     clock.current.clear()
-    out = llm.generate([prompt], SamplingParams(max_tokens=max_tokens, ignore_eos=True, **params),
-                       use_tqdm=False)[0]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True, **params), use_tqdm=False)
     close_llm(llm)
-    decode = [s for s in clock.steps[1:] if s.get("forward tokens", 0) <= 33]  # the first step is the prefill
+    decode = decode_steps(clock.steps, batch, (spec or {}).get("num_speculative_tokens", 0))
     by_tokens: dict[int, list[dict]] = defaultdict(list)
     for s in decode:
         by_tokens[int(s.get("forward tokens", 0))].append(s)
-    return {"tokens": len(out.outputs[0].token_ids), "steps": len(decode),
+    return {"requests": batch, "tokens": sum(len(o.outputs[0].token_ids) for o in outs), "steps": len(decode),
             "by_forward_tokens": {n: {"steps": len(s), "ms": _summary(s)} for n, s in sorted(by_tokens.items())},
             "all": _summary(decode)}
 
@@ -135,14 +144,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", required=True)
     parser.add_argument("--speculative-config", help="JSON; omitted: plain decoding")
-    parser.add_argument("--prompt", default="Write a Python function that reverses a string.")
+    parser.add_argument("--prompt", default="Write a Python function that reverses a string.",
+                        help="the request at concurrency 1")
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="N > 1: the first N held-out prompts decoded together instead of --prompt")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--compiled", action="store_true", help="the target compiled, as vLLM runs it by default")
     args = parser.parse_args()
-    from peagle_vllm.harness.prompts import chat_prompts
+    from peagle_vllm.harness.prompts import chat_prompts, eval_prompts
     from peagle_vllm.harness.runs import compile_engines, quiet_vllm, set_cpu_defaults
 
     set_cpu_defaults()
@@ -150,8 +162,9 @@ def main() -> None:
     if args.compiled:
         compile_engines()
     spec = json.loads(args.speculative_config) if args.speculative_config else None
-    result = profile(args.target, spec, chat_prompts(args.target, [args.prompt])[0], args.max_tokens,
-                     args.temperature, args.top_p)
+    prompts = chat_prompts(args.target, [args.prompt]) if args.concurrency == 1 else \
+        eval_prompts(args.target, args.concurrency)
+    result = profile(args.target, spec, prompts, args.max_tokens, args.temperature, args.top_p)
     text = json.dumps(result, indent=1)
     if args.json:
         args.json.write_text(text)
