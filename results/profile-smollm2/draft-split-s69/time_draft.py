@@ -1,22 +1,32 @@
 """Per-call wall time of the pieces of a p_eagle step's draft and verification, inside a compiled engine (K=4 fixed,
-prompt and corpus lookup, one request at a time): each piece wrapped by a timer, the median printed. With
---torch-profiler instead: the PyTorch profiler over draft calls 200-260, their torch ops summed by name (own time),
-and the draft's direct children (inclusive time).
+prompt and corpus lookup, one request at a time, 6 held-out prompts): each piece wrapped by a timer, the median
+printed. With --torch-profiler instead: the PyTorch profiler over calls 200-260 of the draft (or of the
+verification: --torch-profiler verify), their torch ops summed by name (own time), and the call's direct children
+(inclusive time). --concurrency N: the first N held-out prompts decoded together, twice (128 tokens each, calls
+20-60 profiled); --k K; --head-only: no lookups.
 
-    PYTHONPATH=. .venv/bin/python results/profile-smollm2/draft-split-s69/time_draft.py [--eager] [--torch-profiler]
+    PYTHONPATH=. .venv/bin/python results/profile-smollm2/draft-split-s69/time_draft.py [--eager]
+        [--torch-profiler [draft|verify]] [--concurrency N] [--k K] [--head-only]
 """
+import argparse
 import collections
 import os
 import statistics
-import sys
 import time
 
+parser = argparse.ArgumentParser()
+parser.add_argument("--eager", action="store_true")
+parser.add_argument("--torch-profiler", nargs="?", const="draft", choices=("draft", "verify"))
+parser.add_argument("--concurrency", type=int, default=1)
+parser.add_argument("--k", type=int, default=4)
+parser.add_argument("--head-only", action="store_true")
+opts = parser.parse_args()
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process, so the wrappers reach it
 from peagle_vllm.harness.runs import compile_engines, make_llm, quiet_vllm, set_cpu_defaults  # noqa: E402
 
 set_cpu_defaults()
 quiet_vllm()
-if "--eager" not in sys.argv:
+if not opts.eager:
     compile_engines()
 import vllm.v1.sample.sampler as vllm_sampler  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
@@ -41,18 +51,18 @@ def timed(owner, name, label=None):
     setattr(owner, name, wrapper)
 
 
-PROFILED = (200, 260)  # draft calls profiled, first and last
+PROFILED = (200, 260) if opts.concurrency == 1 else (20, 60)  # calls profiled, first and last
 prof = profile(activities=[ProfilerActivity.CPU])
 
 
-def profiled_draft(original):
+def profiled(original):
     calls = [0]
 
     def wrapper(*args, **kwargs):
         calls[0] += 1
         if calls[0] == PROFILED[0]:
             prof.start()
-        with record_function("DRAFT"):
+        with record_function("CALL"):
             out = original(*args, **kwargs)
         if calls[0] == PROFILED[1]:
             prof.stop()
@@ -62,10 +72,10 @@ def profiled_draft(original):
 
 
 def print_profile() -> None:
-    drafts = [e for e in prof.events() if e.name == "DRAFT"]
-    n = len(drafts)
-    print("profiled drafts", n, "mean ms", sum(e.cpu_time_total for e in drafts) / n / 1000)
-    ops = collections.defaultdict(lambda: [0, 0.0])  # name -> calls, own time (us), over every op under a draft
+    calls = [e for e in prof.events() if e.name == "CALL"]
+    n = len(calls)
+    print("profiled calls", n, "mean ms", sum(e.cpu_time_total for e in calls) / n / 1000)
+    ops = collections.defaultdict(lambda: [0, 0.0])  # name -> calls, own time (us), over every op under a call
 
     def walk(event):
         for child in event.cpu_children:
@@ -73,13 +83,13 @@ def print_profile() -> None:
             ops[child.name][1] += child.self_cpu_time_total
             walk(child)
 
-    children = collections.defaultdict(lambda: [0, 0.0])  # name -> calls, inclusive time (us), the draft's children
-    for draft in drafts:
-        walk(draft)
-        for child in draft.cpu_children:
+    children = collections.defaultdict(lambda: [0, 0.0])  # name -> calls, inclusive time (us), the call's children
+    for call in calls:
+        walk(call)
+        for child in call.cpu_children:
             children[child.name][0] += 1
             children[child.name][1] += child.cpu_time_total
-    print("ops per draft", sum(v[0] for v in ops.values()) / n, "self total ms/draft",
+    print("ops per call", sum(v[0] for v in ops.values()) / n, "self total ms/call",
           sum(v[1] for v in ops.values()) / n / 1000)
     for title, table, top in (("", ops, 40), ("--- direct children (inclusive)", children, 30)):
         if title:
@@ -88,8 +98,10 @@ def print_profile() -> None:
             print(f"{us / n / 1000:8.3f} ms {count / n:6.1f}x  {name}")
 
 
-if "--torch-profiler" in sys.argv:
-    proposer.PEagleProposer._draft = profiled_draft(proposer.PEagleProposer._draft)
+if opts.torch_profiler == "draft":
+    proposer.PEagleProposer._draft = profiled(proposer.PEagleProposer._draft)
+elif opts.torch_profiler == "verify":
+    sampler.PEagleRejectionSampler.forward = profiled(sampler.PEagleRejectionSampler.forward)
 else:
     for name in ("_draft", "set_inputs_first_pass", "build_per_group_and_layer_attn_metadata",
                  "_determine_batch_execution_and_padding", "build_model_inputs_first_pass", "_sanitize",
@@ -104,15 +116,21 @@ else:
     for name in ("_sample", "_bookkeeping_sync", "sample_tokens", "propose_draft_token_ids"):
         timed(gpu_model_runner.GPUModelRunner, name, f"runner {name}")
 
+lookups = {} if opts.head_only else {"prompt_lookup_max": 5, "lookup_corpus": "datasets/smollm2"}
 llm = make_llm("models/SmolLM2-135M-Instruct", {
-    "method": "p_eagle", "model": "models/smollm2-peagle-depth", "num_speculative_tokens": 4, "adaptive": False,
-    "prompt_lookup_max": 5, "lookup_corpus": "datasets/smollm2"})
+    "method": "p_eagle", "model": "models/smollm2-peagle-depth", "num_speculative_tokens": opts.k, "adaptive": False,
+    **lookups}, max_num_seqs=opts.concurrency)
 tokenizer = llm.get_tokenizer()
-for prompt in held_out_prompts(6):
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                         add_generation_prompt=True)
-    llm.generate([text], SamplingParams(max_tokens=128, temperature=0), use_tqdm=False)
-if "--torch-profiler" in sys.argv:
+texts = [tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                       add_generation_prompt=True)
+         for prompt in held_out_prompts(6 if opts.concurrency == 1 else opts.concurrency)]
+if opts.concurrency == 1:
+    for text in texts:
+        llm.generate([text], SamplingParams(max_tokens=128, temperature=0), use_tqdm=False)
+else:
+    for _ in range(2):
+        llm.generate(texts, SamplingParams(max_tokens=128, temperature=0, ignore_eos=True), use_tqdm=False)
+if opts.torch_profiler:
     print_profile()
 for label, values in sorted(times.items(), key=lambda item: -statistics.median(item[1][50:] or item[1])):
     values = values[50:] or values  # the first calls (warm-up) left out
