@@ -50,7 +50,8 @@ def _pad(flat: torch.Tensor, index: torch.Tensor, valid: torch.Tensor) -> torch.
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """[N, V] logits -> [N] int64: each row's argmax, read in place (no float32 copy of the rows); float32 rows as
-    vLLM's own greedy sampling reads them (on CPU a kernel 2.5x faster than torch's argmax, float32 only)."""
+    vLLM's own greedy sampling reads them (on CPU its own kernel, float32 only), so drafts are checked against the
+    token plain greedy decoding picks."""
     if logits.dtype != torch.float32:  # argmax is exact in any dtype
         return logits.argmax(-1)
     return Sampler.greedy_sample(logits).view(-1).long()
